@@ -1,0 +1,141 @@
+"""Latency models: how long one iteration (batch) takes.
+
+An iteration is described by its prefill chunks, each ``(new tokens, tokens already cached)``, and its
+decode requests, given as a count and the sum of their cached context lengths (Vidur keys decode
+attention on the mean context, so the sum is all it needs).
+
+* ``vidur``: Vidur's trained sklearn predictor (default; ``kvstudy.latency.vidur_adapter``).
+* ``unit``: every iteration takes one time unit, the MC-SF paper's theoretical model (Sec. 2). Times
+  are then round indices and follow the paper's convention that a round's tokens are stamped with
+  the round's index (``stamps_at_start``), so a request admitted in round p completes at p + o.
+* ``linear``: d0 + d1 * tokens seconds, a cheap stand-in for fast tests.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Optional, Sequence, Tuple
+
+from kvstudy.arch import ModelArch
+from kvstudy.errors import ConfigError
+from kvstudy.latency.tables import HardwareSpec, PredictorSettings, ProfileFiles, VidurTables, cache_key
+from kvstudy.paths import PROFILES_DIR, cache_dir
+
+Chunks = Sequence[Tuple[int, int]]
+
+
+class LatencyModel:
+    name = "base"
+    #: True: a token is stamped with the start of its iteration (paper's round index); False: with its end.
+    stamps_at_start = False
+
+    def iteration_seconds(self, prefill_chunks: Chunks, num_decodes: int, decode_context_sum: int) -> float:
+        raise NotImplementedError
+
+    def describe(self) -> dict:
+        return {"name": self.name}
+
+
+class UnitLatency(LatencyModel):
+    name = "unit"
+    stamps_at_start = True
+
+    def __init__(self, **_ignored) -> None:
+        pass
+
+    def iteration_seconds(self, prefill_chunks, num_decodes, decode_context_sum) -> float:
+        return 1.0
+
+
+class LinearLatency(LatencyModel):
+    name = "linear"
+
+    def __init__(self, d0: float = 0.02, d1: float = 1e-5, **_ignored) -> None:
+        if d0 < 0 or d1 < 0 or d0 + d1 <= 0:
+            raise ConfigError(f"latency.d0={d0}, latency.d1={d1}: both must be >= 0 and not both 0")
+        self.d0, self.d1 = float(d0), float(d1)
+
+    def iteration_seconds(self, prefill_chunks, num_decodes, decode_context_sum) -> float:
+        return self.d0 + self.d1 * (num_decodes + sum(c for c, _ in prefill_chunks))
+
+    def describe(self) -> dict:
+        return {"name": self.name, "d0": self.d0, "d1": self.d1}
+
+
+class VidurLatency(LatencyModel):
+    name = "vidur"
+
+    def __init__(self, tables: VidurTables, info: dict) -> None:
+        self.tables = tables
+        self.info = info
+
+    def iteration_seconds(self, prefill_chunks, num_decodes, decode_context_sum) -> float:
+        return self.tables.iteration_ms(prefill_chunks, num_decodes, decode_context_sum)
+
+    def describe(self) -> dict:
+        return {"name": self.name, **self.info}
+
+
+def profile_files(arch: ModelArch, hw: HardwareSpec, profiles_root: Optional[str] = None,
+                  compute_dir: Optional[str] = None, network_dir: Optional[str] = None) -> ProfileFiles:
+    """Locate the CSVs: ``<root>/compute/<device>/<model>/`` and ``<root>/network/<node>/`` unless the
+    hardware config points ``compute_dir``/``network_dir`` elsewhere (e.g. a Vidur checkout's real data)."""
+    root = Path(profiles_root) if profiles_root else PROFILES_DIR
+    compute = Path(compute_dir) if compute_dir else root / "compute" / hw.device / arch.name
+    network = Path(network_dir) if network_dir else root / "network" / hw.node
+    if not (compute / "mlp.csv").exists():
+        available = sorted(p.parent.name for p in (root / "compute" / hw.device).glob("*/mlp.csv"))
+        raise ConfigError(f"no profiles for model '{arch.name}' on device '{hw.device}' (looked for {compute}/mlp.csv); "
+                          f"profiled models: {', '.join(available) or 'none'}; build them with "
+                          f"`python -m kvstudy.profiles build --models {arch.name}`")
+    return ProfileFiles(compute / "mlp.csv", compute / "attention.csv", network / "all_reduce.csv",
+                        network / "send_recv.csv")
+
+
+def _check_tp_rows(files: ProfileFiles, arch: ModelArch, tp: int) -> None:
+    import pandas as pd
+
+    mlp = pd.read_csv(files.mlp, usecols=["n_head", "n_embd", "n_expanded_embd", "num_tensor_parallel_workers"])
+    rows = mlp[(mlp.n_head == arch.num_q_heads) & (mlp.n_embd == arch.embedding_dim)
+               & (mlp.n_expanded_embd == arch.mlp_hidden_dim)]
+    tps = sorted(int(t) for t in rows.num_tensor_parallel_workers.unique())
+    if tp not in tps:
+        raise ConfigError(f"model '{arch.name}' has no profile rows at tensor_parallel={tp} in {files.mlp}; "
+                          f"profiled TP sizes: {tps or 'none (dimensions do not match this model)'}")
+
+
+def vidur(arch: ModelArch, hardware: HardwareSpec, capacity_tokens: int = 0, profiles_root: Optional[str] = None,
+          compute_dir: Optional[str] = None, network_dir: Optional[str] = None, max_tokens="auto",
+          **settings_kw) -> VidurLatency:
+    """Load Vidur's tables from the cache, or train Vidur's predictor once and cache them."""
+    files = profile_files(arch, hardware, profiles_root, compute_dir, network_dir)
+    files.check()
+    _check_tp_rows(files, arch, hardware.tensor_parallel)
+    if max_tokens == "auto":
+        need = max(capacity_tokens, arch.max_model_len)
+        max_tokens = 1 << (need - 1).bit_length()
+    for key in ("num_estimators", "max_depth", "min_samples_split", "polynomial_degree"):
+        if key in settings_kw:
+            settings_kw[key] = tuple(settings_kw[key])
+    if settings_kw.get("estimator", "random_forest") not in ("random_forest", "linear_regression"):
+        raise ConfigError(f"latency.estimator={settings_kw['estimator']!r}: allowed random_forest, linear_regression")
+    settings = PredictorSettings(max_tokens=int(max_tokens),
+                                 max_prefill_chunk=min(settings_kw.pop("max_prefill_chunk", arch.max_model_len),
+                                                       arch.max_model_len), **settings_kw)
+    key = cache_key(files, arch.fingerprint(), hardware, settings)
+    folder = cache_dir() / "vidur" / key
+    started = time.perf_counter()
+    tables = VidurTables.load(folder / "tables.npz")
+    source = "cache"
+    if tables is None:
+        from kvstudy.latency import vidur_adapter  # the only vidur import, needed on a cold build only
+
+        predictor = vidur_adapter.make_predictor(arch, hardware, files, settings, str(folder / "vidur"))
+        tables = vidur_adapter.tables_from_predictor(predictor, arch, hardware, settings)
+        tables.save(folder / "tables.npz")
+        source = "trained"
+    info = {"source": source, "load_seconds": round(time.perf_counter() - started, 3), "cache_key": key,
+            "profiles": str(files.mlp.parent), "network": str(files.all_reduce.parent),
+            "settings": asdict(settings), "cv_mape_pct": tables.cv_mape_pct}
+    return VidurLatency(tables, info)

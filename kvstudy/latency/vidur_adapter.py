@@ -1,0 +1,210 @@
+"""The one module that imports ``vidur``: build Vidur's sklearn execution-time predictor offline.
+
+Vidur 0.0.26's ``SklearnExecutionTimePredictor`` downloads profiles and trained predictions from the
+Hugging Face hub. Its two extension points are overridden here:
+
+* ``_get_input_files`` returns local Vidur-schema CSVs (``profiles/`` or a user's real profiles);
+* ``_load_predictions_from_hf`` trains Vidur's models on those files and predicts Vidur's lookup tables
+  locally (the method's contract is "return the prediction dicts"; nothing is fetched).
+
+Other fixes over the stock class, each for a fact about 0.0.26 (see README, "Vidur, offline"):
+
+* Training is seeded (``RandomForestRegressor(random_state=seed)``; stock training is unseeded).
+* Vidur's own on-disk cache is keyed only by dataset string, TP and a few sizes, not by model
+  dimensions or CSV content; kvstudy gives every build its own ``cache_dir`` named by a hash of the
+  CSV bytes, the architecture, the hardware and every predictor setting (``tables.cache_key``).
+* ``prediction_max_tokens_per_request`` is set from the run (stock 2M builds several GB of tables).
+* The linear-regression class lacks ``_get_kv_parallel_communication_time``; it is supplied.
+* Vidur's INFO logging to stdout is silenced (set KVSTUDY_VIDUR_LOG=1 to see it).
+* Models are registered from kvstudy's YAMLs as ``BaseModelConfig`` subclasses named
+  ``kvstudy/<name>-<fingerprint>`` (OPT is not in Vidur). Vidur's ActivationType has no ReLU; OPT is
+  registered with GELU, which Vidur's predictor never reads.
+
+The cross-validated error reported beside the settings is a shuffled K-fold MAPE of the same
+estimator on the same training frame (Vidur's GridSearchCV uses unshuffled folds, which on a sorted
+grid measure extrapolation rather than the interpolation the lookup tables do).
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import field, make_dataclass
+from typing import Dict, Tuple
+
+import numpy as np
+
+from kvstudy.arch import ModelArch
+from kvstudy.latency.tables import HardwareSpec, PredictorSettings, ProfileFiles, VidurTables
+
+from sklearn.base import clone
+from sklearn.ensemble import RandomForestRegressor
+from sklearn.linear_model import LinearRegression
+from sklearn.model_selection import KFold, cross_val_score
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import PolynomialFeatures
+
+from vidur.config import (  # noqa: E402
+    CacheConfig,
+    LinearRegressionExecutionTimePredictorConfig,
+    RandomForrestExecutionTimePredictorConfig,
+    ReplicaConfig,
+)
+from vidur.config.model_config import BaseModelConfig  # noqa: E402
+from vidur.config.utils import get_all_subclasses  # noqa: E402
+from vidur.entities import Batch  # noqa: E402
+from vidur.execution_time_predictor.linear_regression_execution_time_predictor import (  # noqa: E402
+    LinearRegressionExecutionTimePredictor,
+)
+from vidur.execution_time_predictor.random_forrest_execution_time_predictor import (  # noqa: E402
+    RandomForrestExecutionTimePredictor,
+)
+from vidur.types import ActivationType, NormType, ReplicaId  # noqa: E402
+
+# vidur's logger prints INFO lines to stdout and sets its own level on import; silence it afterwards.
+if not os.environ.get("KVSTUDY_VIDUR_LOG"):
+    logging.getLogger("vidur").setLevel(logging.CRITICAL)
+
+VIDUR_OPS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj", "mlp_act", "attn_rope",
+             "input_layernorm", "post_attention_layernorm", "add")
+
+
+def register_model(arch: ModelArch) -> str:
+    """Register ``arch`` with Vidur's model registry (idempotent) and return its Vidur name."""
+    name = f"kvstudy/{arch.name}-{arch.fingerprint()}"
+    if any(sub.get_name() == name for sub in get_all_subclasses(BaseModelConfig) if "get_name" in vars(sub)):
+        return name
+    values = {
+        "num_layers": arch.num_layers, "num_q_heads": arch.num_q_heads, "num_kv_heads": arch.num_kv_heads,
+        "embedding_dim": arch.embedding_dim, "mlp_hidden_dim": arch.mlp_hidden_dim,
+        "max_model_len": arch.max_model_len, "use_gated_mlp": arch.use_gated_mlp, "use_bias": arch.use_bias,
+        "use_qkv_bias": arch.use_qkv_bias,
+        "activation": ActivationType.SILU if arch.activation == "silu" else ActivationType.GELU,
+        "norm": NormType.RMS_NORM if arch.norm == "rms_norm" else NormType.LAYER_NORM,
+        "post_attn_norm": arch.post_attn_norm, "vocab_size": arch.vocab_size,
+    }
+    fields_ = [(k, type(v), field(default=v)) for k, v in values.items()]
+    make_dataclass(f"KvStudyModel_{arch.fingerprint()}", fields_, bases=(BaseModelConfig,),
+                   namespace={"get_name": staticmethod(lambda: name)})
+    return name
+
+
+class _OfflineMixin:
+    """Local input files, local 'hub' predictions, seeded estimators, CV error recorded per model."""
+
+    _kv_files: ProfileFiles
+    _kv_settings: PredictorSettings
+
+    def _get_input_files(self) -> Tuple[str, str, str, str]:
+        f = self._kv_files
+        return str(f.mlp), str(f.attention), str(f.all_reduce), str(f.send_recv)
+
+    def _load_predictions_from_hf(self):
+        return self._predict_from_models(self._train_models())
+
+    def _train_model(self, model_name, model_type, df, feature_cols, target_col):
+        model = super()._train_model(model_name, model_type, df, feature_cols, target_col)
+        k = max(2, min(self._kv_settings.k_fold_cv_splits, len(df)))
+        folds = KFold(n_splits=k, shuffle=True, random_state=self._kv_settings.seed)
+        scores = cross_val_score(clone(model), df[feature_cols], df[target_col], cv=folds,
+                                 scoring=self._get_scorer())
+        self.cv_mape_pct[model_name] = float(-scores.mean())
+        return model
+
+    def _get_kv_parallel_communication_time(self, batch):  # missing in the linear-regression class
+        return 0.0
+
+
+class OfflineRandomForestPredictor(_OfflineMixin, RandomForrestExecutionTimePredictor):
+    def __init__(self, files: ProfileFiles, settings: PredictorSettings, **configs) -> None:
+        self._kv_files, self._kv_settings, self.cv_mape_pct = files, settings, {}
+        super().__init__(**configs)
+
+    def _get_estimator(self):
+        return RandomForestRegressor(random_state=self._kv_settings.seed)
+
+
+class OfflineLinearRegressionPredictor(_OfflineMixin, LinearRegressionExecutionTimePredictor):
+    def __init__(self, files: ProfileFiles, settings: PredictorSettings, **configs) -> None:
+        self._kv_files, self._kv_settings, self.cv_mape_pct = files, settings, {}
+        super().__init__(**configs)
+
+    def _get_estimator(self):
+        return make_pipeline(PolynomialFeatures(), LinearRegression())
+
+
+def make_predictor(arch: ModelArch, hw: HardwareSpec, files: ProfileFiles, settings: PredictorSettings,
+                   cache_dir: str):
+    """Vidur's predictor for this model and hardware, trained from local files into ``cache_dir``."""
+    common = dict(
+        model_profiling_dataset=f"local:{files.mlp.parent}",
+        network_profiling_dataset=f"local:{files.all_reduce.parent}",
+        cache_dir=cache_dir,
+        k_fold_cv_splits=settings.k_fold_cv_splits,
+        num_training_job_threads=settings.training_threads,
+        kv_cache_prediction_granularity=settings.kv_granularity,
+        prediction_max_prefill_chunk_size=settings.max_prefill_chunk,
+        prediction_max_batch_size=settings.max_batch_size,
+        prediction_max_tokens_per_request=settings.max_tokens,
+        use_native_execution_time_predictor=False,
+    )
+    replica = ReplicaConfig(
+        model_name=register_model(arch), num_pipeline_stages=hw.pipeline_parallel,
+        tensor_parallel_size=hw.tensor_parallel, device=hw.device, network_device=hw.node,
+    )
+    cache = CacheConfig(block_size=settings.block_size)
+    if settings.estimator == "random_forest":
+        config = RandomForrestExecutionTimePredictorConfig(
+            num_estimators=list(settings.num_estimators), max_depth=list(settings.max_depth),
+            min_samples_split=list(settings.min_samples_split), **common)
+        cls = OfflineRandomForestPredictor
+    else:
+        config = LinearRegressionExecutionTimePredictorConfig(polynomial_degree=list(settings.polynomial_degree),
+                                                              **common)
+        cls = OfflineLinearRegressionPredictor
+    return cls(files, settings, predictor_config=config, replica_config=replica, cache_config=cache)
+
+
+def _dense_1d(pred: Dict[tuple, float], size: int) -> np.ndarray:
+    out = np.full(size + 1, np.nan)
+    for (n,), v in pred.items():
+        out[int(n)] = v
+    return out
+
+
+def tables_from_predictor(predictor, arch: ModelArch, hw: HardwareSpec, settings: PredictorSettings) -> VidurTables:
+    """Flatten Vidur's prediction dicts into the arrays ``VidurTables`` queries (same formula as
+    ``vidur.entities.ExecutionTime.total_time``: per layer, TP all-reduce counted twice)."""
+    p = predictor._predictions
+    cfg = predictor._config
+    size = settings.max_tokens
+    per_token = sum(_dense_1d(p[op], size) for op in VIDUR_OPS if op != "post_attention_layernorm")
+    if arch.post_attn_norm:
+        per_token = per_token + _dense_1d(p["post_attention_layernorm"], size)
+    if hw.tensor_parallel > 1:
+        comm = _dense_1d(p["all_reduce"], size) + cfg.nccl_cpu_launch_overhead_ms \
+            + cfg.nccl_cpu_skew_overhead_per_device_ms * hw.tensor_parallel ** 1.25
+        per_token = per_token + 2 * comm
+    send_recv = _dense_1d(p["send_recv"], size) if hw.pipeline_parallel > 1 else np.zeros(size + 1)
+    g = settings.kv_granularity
+    n_kv = size // g + 1
+    decode = np.full((settings.max_batch_size + 1, n_kv), np.nan)
+    for (b, kv), v in p["attn_decode"].items():
+        decode[int(b), int(kv) // g] = v
+    n_chunk = settings.max_prefill_chunk // 32
+    prefill = np.full((n_kv, n_chunk + 1), np.nan)
+    for (kv, c), v in p["attn_prefill"].items():
+        prefill[int(kv) // g, int(c) // 32] = v
+    return VidurTables(
+        per_token_ms=per_token, decode_ms=decode, prefill_ms=prefill, send_recv_ms=send_recv,
+        layers_per_stage=arch.num_layers // hw.pipeline_parallel, stages=hw.pipeline_parallel,
+        kv_granularity=g, decode_overhead=float(predictor._attention_decode_batching_overhead_fraction),
+        cv_mape_pct=dict(predictor.cv_mape_pct))
+
+
+def vidur_iteration_seconds(predictor, prefill_chunks, decode_contexts) -> float:
+    """Vidur's own answer for one iteration, through its ``Batch`` entity (used to test the tables)."""
+    q = [c for c, _ in prefill_chunks] + [1] * len(decode_contexts)
+    kv = [ctx for _, ctx in prefill_chunks] + list(decode_contexts)
+    batch = Batch(ReplicaId(0), [None] * len(q), q, kv)
+    stages = predictor._replica_config.num_pipeline_stages
+    return float(sum(predictor.get_execution_time(batch, s).total_time for s in range(stages)))

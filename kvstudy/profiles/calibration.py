@@ -1,0 +1,161 @@
+"""Fit the analytical GPU model's efficiencies to real Vidur A100 measurements and report its error.
+
+Reads (never copies) ``<vidur-data>/profiling/compute/a100/*/*/mlp.csv`` and
+``<vidur-data>/profiling/network/*/{all_reduce,send_recv}.csv``; writes the fitted constants to
+``profiles/calibration.json``, which the profile builder reads. Errors are absolute percentage errors
+of the fitted model against every measured row (per operator: median and p90 over num_tokens, all
+models and TP sizes pooled), the numbers profiles/README.md reports.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Dict, List
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import least_squares
+
+from kvstudy.arch import ModelArch
+from kvstudy.errors import DataError
+from kvstudy.profiles.gpu_model import DEVICES, GEMM_OPS, MLP_OPS, collective_ms, mlp_op_times, op_work, roofline_ms
+
+_ARCH_COLUMNS = ["n_head", "n_kv_head", "n_embd", "n_expanded_embd", "vocab_size", "use_gated_mlp"]
+
+
+def _arch_from_row(row: pd.Series, name: str) -> ModelArch:
+    return ModelArch(
+        name=name, num_layers=1, num_q_heads=int(row.n_head), num_kv_heads=int(row.n_kv_head),
+        embedding_dim=int(row.n_embd), mlp_hidden_dim=int(row.n_expanded_embd), max_model_len=4096,
+        vocab_size=int(row.vocab_size), use_gated_mlp=bool(row.use_gated_mlp), use_bias=False,
+        use_qkv_bias=False, post_attn_norm=True, activation="silu", norm="rms_norm", uses_rope=True,
+        num_params=1.0,
+    )
+
+
+def load_measured_mlp(vidur_data: Path) -> pd.DataFrame:
+    """Every measured MLP row with its model's name: columns num_tokens, tp, model, op, ms."""
+    files = sorted((Path(vidur_data) / "profiling" / "compute" / "a100").glob("*/*/mlp.csv"))
+    if not files:
+        raise DataError(f"no measured profiles under {vidur_data}/profiling/compute/a100/*/*/mlp.csv")
+    frames = []
+    for path in files:
+        df = pd.read_csv(path)
+        model = f"{path.parent.parent.name}/{path.parent.name}"
+        for op in MLP_OPS:
+            col = f"time_stats.{op}.median"
+            if col not in df.columns:
+                continue
+            part = df[_ARCH_COLUMNS + ["num_tokens", "num_tensor_parallel_workers", col]].rename(
+                columns={col: "ms", "num_tensor_parallel_workers": "tp"})
+            part = part[part["ms"] > 0].assign(op=op, model=model)
+            frames.append(part)
+    return pd.concat(frames, ignore_index=True)
+
+
+def _predict(df: pd.DataFrame, op: str, params: Dict[str, float]) -> np.ndarray:
+    device = DEVICES["a100"]
+    out = np.empty(len(df))
+    for (model, tp), idx in df.groupby(["model", "tp"]).groups.items():
+        rows = df.loc[idx]
+        arch = _arch_from_row(rows.iloc[0], model)
+        flops, nbytes = op_work(arch, int(tp), rows["num_tokens"].to_numpy())[op]
+        pos = df.index.get_indexer(idx)
+        out[pos] = roofline_ms(flops, nbytes, device, params["c0"], params.get("eta", 0.0), params["mu"])
+    return out
+
+
+def fit_mlp_ops(measured: pd.DataFrame) -> Dict[str, Dict[str, float]]:
+    fitted = {}
+    for op in MLP_OPS:
+        df = measured[measured["op"] == op].reset_index(drop=True)
+        gemm = op in GEMM_OPS
+        y = np.log(df["ms"].to_numpy())
+
+        def unpack(x):
+            p = {"c0": float(np.exp(x[0])), "mu": float(1 / (1 + np.exp(-x[1])))}
+            if gemm:
+                p["eta"] = float(1 / (1 + np.exp(-x[2])))
+            return p
+
+        def residual(x):
+            return np.log(_predict(df, op, unpack(x))) - y
+
+        x0 = [np.log(0.005), 1.0] + ([1.0] if gemm else [])
+        res = least_squares(residual, x0, loss="soft_l1", f_scale=0.1)
+        fitted[op] = {k: round(v, 6) for k, v in unpack(res.x).items()}
+    return fitted
+
+
+def mlp_errors(measured: pd.DataFrame, params: Dict[str, Dict[str, float]]) -> pd.DataFrame:
+    rows = []
+    for op in MLP_OPS:
+        df = measured[measured["op"] == op].reset_index(drop=True)
+        ape = np.abs(_predict(df, op, params[op]) / df["ms"].to_numpy() - 1) * 100
+        rows.append({"op": op, "rows": len(df), "median_ape_pct": float(np.median(ape)),
+                     "p90_ape_pct": float(np.percentile(ape, 90))})
+    return pd.DataFrame(rows)
+
+
+def load_measured_network(vidur_data: Path) -> pd.DataFrame:
+    frames = []
+    for path in sorted((Path(vidur_data) / "profiling" / "network").glob("*/*.csv")):
+        kind = path.stem
+        df = pd.read_csv(path)
+        col = f"time_stats.{kind}.median"
+        frames.append(pd.DataFrame({
+            "node": path.parent.name, "collective": kind, "workers": df["num_workers"],
+            "devices_per_node": df["devices_per_node"], "size": df["size"], "ms": df[col]}))
+    if not frames:
+        raise DataError(f"no measured network profiles under {vidur_data}/profiling/network/*/*.csv")
+    return pd.concat(frames, ignore_index=True)
+
+
+def fit_network(measured: pd.DataFrame) -> List[Dict]:
+    """One (alpha, bus bandwidth) per node type, collective, workers and devices per node."""
+    out = []
+    for (node, kind, w, dpn), df in measured.groupby(["node", "collective", "workers", "devices_per_node"]):
+        y = np.log(df["ms"].to_numpy())
+        size = df["size"].to_numpy()
+
+        def residual(x):
+            return np.log(collective_ms(kind, size, int(w), np.exp(x[0]), np.exp(x[1]))) - y
+
+        res = least_squares(residual, [np.log(0.01), np.log(100.0)], loss="soft_l1", f_scale=0.1)
+        pred = collective_ms(kind, size, int(w), np.exp(res.x[0]), np.exp(res.x[1]))
+        ape = np.abs(pred / df["ms"].to_numpy() - 1) * 100
+        out.append({"node": node, "collective": kind, "workers": int(w), "devices_per_node": int(dpn),
+                    "alpha_ms": round(float(np.exp(res.x[0])), 6), "bus_gbps": round(float(np.exp(res.x[1])), 3),
+                    "median_ape_pct": round(float(np.median(ape)), 2),
+                    "p90_ape_pct": round(float(np.percentile(ape, 90)), 2), "rows": int(len(df))})
+    return out
+
+
+def calibrate(vidur_data: Path) -> Dict:
+    measured = load_measured_mlp(vidur_data)
+    params = fit_mlp_ops(measured)
+    errors = mlp_errors(measured, params)
+    network = fit_network(load_measured_network(vidur_data))
+    return {
+        "device": "a100",
+        "source": "Vidur public A100 profiles (mlp.csv of Llama-2-70B, Llama-2-7B, phi-2; all_reduce/send_recv)",
+        "mlp_ops": params,
+        "mlp_errors": errors.round(2).to_dict(orient="records"),
+        "network": network,
+    }
+
+
+def write_calibration(vidur_data: Path, out: Path) -> Dict:
+    result = calibrate(vidur_data)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+def load_calibration(path: Path) -> Dict:
+    if not Path(path).exists():
+        raise DataError(f"calibration file {path} not found; create it with `python -m kvstudy.profiles calibrate`")
+    return json.loads(Path(path).read_text())
+
+
+def op_times_from_calibration(arch: ModelArch, tp: int, n: np.ndarray, calib: Dict) -> Dict[str, np.ndarray]:
+    return mlp_op_times(arch, tp, n, DEVICES[calib["device"]], calib["mlp_ops"])

@@ -1,0 +1,146 @@
+"""Analytical per-layer operator times for a transformer on one GPU (roofline with fitted efficiencies).
+
+Every operator Vidur profiles is described by the floating-point work F and the bytes B it moves per
+layer on one tensor-parallel worker; its time in milliseconds is
+
+    t(n) = c0 + max(F(n) / (P * eta), B(n) / (W * mu))                (GEMMs, attention prefill)
+    t(n) = c0 + B(n) / (W * mu)                                        (element-wise ops, decode attention)
+
+with P the dense FP16 tensor-core peak and W the HBM bandwidth of the device (datasheet figures in
+``DEVICES``) and (c0, eta, mu) per operator. For the MLP-block operators these are least-squares fits
+to Vidur's real A100 measurements (``calibration.py``, written to ``profiles/calibration.json``);
+attention has no measured data here and uses published FlashAttention-2 figures (``ATTENTION``).
+
+Collectives: ring all-reduce of S bytes over w workers takes alpha + 2 (w-1)/w * S / B_bus and a
+send/recv alpha + S / B_link, with (alpha, B) fitted to Vidur's measured all_reduce/send_recv files.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Mapping
+
+import numpy as np
+
+from kvstudy.arch import ModelArch
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str
+    peak_tflops: float  # dense FP16/BF16 tensor-core peak
+    hbm_gbps: float  # HBM bandwidth, GB/s
+    memory_gb: float  # usable device memory, GB
+    pcie_gbps: float  # host link, GB/s per direction (theoretical)
+
+
+#: A100-SXM4-80GB datasheet (NVIDIA A100 datasheet, 2021): 312 TFLOPS FP16 dense, 2,039 GB/s HBM2e,
+#: 80 GB; PCIe Gen4 x16 = 32 GB/s per direction (31.5 GB/s after 128b/130b encoding).
+DEVICES: Dict[str, Device] = {
+    "a100": Device("a100", peak_tflops=312.0, hbm_gbps=2039.0, memory_gb=80.0, pcie_gbps=31.5),
+}
+
+#: Operators Vidur's MLP profile holds, in its column order.
+GEMM_OPS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
+ELEMENTWISE_OPS = ("mlp_act", "attn_rope", "input_layernorm", "post_attention_layernorm", "add")
+MLP_OPS = GEMM_OPS + ELEMENTWISE_OPS
+
+#: Attention efficiencies (no measured A100 attention profile is available here; see profiles/README.md).
+#: FlashAttention-2 forward on A100 reaches 180-230 TFLOPS for head dim 128 at 2k-16k tokens (Dao 2023,
+#: Fig. 4: ~60-73% of 312), lower for short sequences: eta(c) = eta_max * c / (c + c_half).
+#: Decode attention is bandwidth bound; paged decode kernels reach ~60-70% of HBM bandwidth at large
+#: batch x context (vLLM paged attention, FlashDecoding reports); c0 is a kernel launch (~8 us).
+ATTENTION = {
+    "prefill_eta_max": 0.65,
+    "prefill_c_half": 256.0,
+    "prefill_c0_ms": 0.010,
+    "decode_mu": 0.65,
+    "decode_c0_ms": 0.008,
+    "decode_per_seq_us": 0.05,
+    "kv_save_mu": 0.5,
+    "kv_save_c0_ms": 0.004,
+}
+
+
+def _kv_heads_per_worker(arch: ModelArch, tp: int) -> int:
+    return -(-arch.num_kv_heads // tp)
+
+
+def op_work(arch: ModelArch, tp: int, n: np.ndarray) -> Dict[str, tuple]:
+    """(flops, bytes) per layer and per worker for each MLP-profile operator at n tokens."""
+    n = np.asarray(n, dtype=float)
+    b = arch.dtype_bytes
+    h, d = arch.embedding_dim, arch.head_dim
+    q_local = arch.num_q_heads // tp
+    kv_local = _kv_heads_per_worker(arch, tp)
+    f_local = arch.mlp_hidden_dim / tp
+    up_cols = f_local * (2 if arch.use_gated_mlp else 1)
+
+    def gemm(k: float, cols: float):
+        return 2.0 * n * k * cols, b * (n * k + k * cols + n * cols)
+
+    work = {
+        "attn_pre_proj": gemm(h, (q_local + 2 * kv_local) * d),
+        "attn_post_proj": gemm(q_local * d, h),
+        "mlp_up_proj": gemm(h, up_cols),
+        "mlp_down_proj": gemm(f_local, h),
+        "mlp_act": (np.zeros_like(n), b * n * f_local * (3 if arch.use_gated_mlp else 2)),
+        "attn_rope": (np.zeros_like(n), b * n * (q_local + kv_local) * d * 2 * (1 if arch.uses_rope else 0)),
+        "input_layernorm": (np.zeros_like(n), b * n * h * 2),
+        "post_attention_layernorm": (np.zeros_like(n), b * n * h * 2 * (1 if arch.post_attn_norm else 0)),
+        "add": (np.zeros_like(n), b * n * h * 3),
+    }
+    return work
+
+
+def roofline_ms(flops, nbytes, device: Device, c0: float, eta: float, mu: float) -> np.ndarray:
+    compute = np.asarray(flops, float) / (device.peak_tflops * 1e12 * eta) if eta > 0 else 0.0
+    memory = np.asarray(nbytes, float) / (device.hbm_gbps * 1e9 * mu)
+    t = c0 + np.maximum(compute, memory) * 1e3
+    # An operator that moves no bytes (RoPE in a model without rotary embeddings) takes no time.
+    return np.where(np.asarray(nbytes) > 0, t, 0.0)
+
+
+def mlp_op_times(arch: ModelArch, tp: int, n: np.ndarray, device: Device,
+                 params: Mapping[str, Mapping[str, float]]) -> Dict[str, np.ndarray]:
+    """Milliseconds per layer for every MLP-profile operator at token counts ``n``."""
+    out = {}
+    for op, (flops, nbytes) in op_work(arch, tp, n).items():
+        p = params[op]
+        out[op] = roofline_ms(flops, nbytes, device, p["c0"], p.get("eta", 0.0), p["mu"])
+    return out
+
+
+def attention_prefill_ms(arch: ModelArch, tp: int, chunk: np.ndarray, kv: np.ndarray, device: Device) -> np.ndarray:
+    """Causal attention of a chunk of c new tokens over kv cached ones: QK^T and PV over (kv + c/2) keys."""
+    c = np.asarray(chunk, float)
+    kv = np.asarray(kv, float)
+    q_local = arch.num_q_heads // tp
+    kv_local = _kv_heads_per_worker(arch, tp)
+    d, b = arch.head_dim, arch.dtype_bytes
+    flops = 4.0 * c * (kv + c / 2.0) * d * q_local
+    nbytes = b * d * (2 * q_local * c + 2 * kv_local * (kv + c))
+    eta = ATTENTION["prefill_eta_max"] * c / (c + ATTENTION["prefill_c_half"])
+    compute = flops / (device.peak_tflops * 1e12 * eta)
+    memory = nbytes / (device.hbm_gbps * 1e9 * ATTENTION["decode_mu"])
+    return ATTENTION["prefill_c0_ms"] + np.maximum(compute, memory) * 1e3
+
+
+def attention_decode_ms(arch: ModelArch, tp: int, batch: np.ndarray, kv: np.ndarray, device: Device) -> np.ndarray:
+    """One new token for each of ``batch`` sequences holding ``kv`` cached tokens: reads all K and V."""
+    bsz = np.asarray(batch, float)
+    kv = np.asarray(kv, float)
+    kv_local = _kv_heads_per_worker(arch, tp)
+    nbytes = bsz * (kv + 1) * 2 * kv_local * arch.head_dim * arch.dtype_bytes
+    return (ATTENTION["decode_c0_ms"] + bsz * ATTENTION["decode_per_seq_us"] * 1e-3
+            + nbytes / (device.hbm_gbps * 1e9 * ATTENTION["decode_mu"]) * 1e3)
+
+
+def kv_cache_save_ms(arch: ModelArch, tp: int, tokens: np.ndarray, device: Device) -> np.ndarray:
+    nbytes = np.asarray(tokens, float) * 2 * _kv_heads_per_worker(arch, tp) * arch.head_dim * arch.dtype_bytes
+    return ATTENTION["kv_save_c0_ms"] + nbytes / (device.hbm_gbps * 1e9 * ATTENTION["kv_save_mu"]) * 1e3
+
+
+def collective_ms(kind: str, size_bytes: np.ndarray, workers: int, alpha_ms: float, bus_gbps: float) -> np.ndarray:
+    size = np.asarray(size_bytes, float)
+    factor = 2.0 * (workers - 1) / workers if kind == "all_reduce" else 1.0
+    return alpha_ms + factor * size / (bus_gbps * 1e9) * 1e3

@@ -1,0 +1,47 @@
+"""``python -m kvstudy +policy=NAME [+demand=NAME] [overrides]``: one simulation, or a sweep with -m."""
+from __future__ import annotations
+
+import sys
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from kvstudy.paths import CONF_DIR
+
+
+def _print_summary(summary: dict, folder: str) -> None:
+    rows = [("status", summary["status"]), ("policy", summary.get("policy")),
+            ("requests completed", f"{summary['completed']}/{summary['num_requests']}")]
+    for key in ("e2e_latency", "ttft", "tbt"):
+        st = summary[key]
+        if st["mean"] is not None:
+            rows.append((key, f"mean {st['mean']:.4g}  median {st['median']:.4g}  p90 {st['p90']:.4g}  p99 {st['p99']:.4g}"))
+    rows += [("throughput (tokens/time)", f"{summary['throughput_tokens_per_time'] or 0:.4g}"),
+             ("peak KV tokens", f"{summary['peak_kv_tokens']} / {summary['capacity_tokens']}"),
+             ("iterations", summary["iterations"]), ("clearing events", summary["clearing_events"]),
+             ("wall seconds", summary.get("wall_seconds"))]
+    if summary.get("message"):
+        rows.append(("note", summary["message"]))
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"{k:<{width}}  {v}")
+    print(f"outputs: {folder}")
+
+
+@hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    from kvstudy import api
+    from kvstudy.errors import KvStudyError
+
+    folder = HydraConfig.get().runtime.output_dir
+    try:
+        summary = api.run(cfg, folder)
+    except KvStudyError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    _print_summary(summary, folder)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+"""Python API: compose a config, run it, load a run's tables (what notebooks and tests use).
+
+    from kvstudy import api
+    cfg = api.compose(["+policy=mcsf", "+demand=high", "latency=unit"])
+    summary = api.run(cfg, "outputs/my_run")
+    run = api.load_run("outputs/my_run")        # run.summary, run.requests, run.iterations
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Optional, Tuple
+
+import numpy as np
+import pandas as pd
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from kvstudy.arch import ModelArch
+from kvstudy.capacity import resolve_capacity
+from kvstudy.engine import Engine, EngineResult
+from kvstudy.errors import ConfigError
+from kvstudy.latency.tables import HardwareSpec
+from kvstudy.outputs import summarize, write_run
+from kvstudy.paths import CONF_DIR
+from kvstudy.predictors import predict
+from kvstudy.workloads.arrivals import arrivals
+from kvstudy.workloads.requests import Requests, make_requests
+
+
+def options(group: str) -> list:
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+def compose(overrides: Iterable[str] = ()) -> DictConfig:
+    """The config ``python -m kvstudy <overrides>`` would run (Hydra Compose API, no output folder)."""
+    from hydra import compose as hydra_compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return hydra_compose(config_name="config", overrides=list(overrides))
+
+
+def _plain(node) -> dict:
+    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node)
+
+
+def hardware_spec(cfg: DictConfig) -> HardwareSpec:
+    hw = _plain(cfg.hardware)
+    return HardwareSpec(name=hw["name"], device=hw["device"], node=hw["node"],
+                        tensor_parallel=int(hw["tensor_parallel"]), pipeline_parallel=int(hw.get("pipeline_parallel", 1)),
+                        memory_gb_per_gpu=float(hw.get("memory_gb_per_gpu", 80)), pcie_gbps=float(hw.get("pcie_gbps", 31.5)))
+
+
+def _instantiate(node: DictConfig, **kwargs):
+    """Instantiate a ``_target_`` node; objects are passed afterwards (Hydra would turn dataclasses into configs)."""
+    params = _plain(node)
+    params.pop("name", None)
+    return instantiate(params, _partial_=True, _convert_="all")(**kwargs)
+
+
+def build_latency(cfg: DictConfig, arch: ModelArch, hw: HardwareSpec, capacity: int):
+    profiles = _plain(cfg.hardware).get("profiles") or {}
+    extra = {}
+    if cfg.latency.get("name") == "vidur":
+        extra = {"profiles_root": profiles.get("root"), "compute_dir": profiles.get("compute_dir"),
+                 "network_dir": profiles.get("network_dir"), "capacity_tokens": capacity}
+    return _instantiate(cfg.latency, arch=arch, hardware=hw, **extra)
+
+
+def build_policy(cfg: DictConfig):
+    if "policy" not in cfg or cfg.policy is None:
+        raise ConfigError(f"no policy chosen; add +policy=NAME with NAME one of: {', '.join(options('policy'))}")
+    return _instantiate(cfg.policy)
+
+
+def build_requests(cfg: DictConfig, arch: ModelArch, seed_seq: np.random.SeedSequence) -> Tuple[Requests, np.ndarray]:
+    lengths_ss, arrival_ss, predictor_ss = seed_seq.spawn(3)
+    wl = _plain(cfg.workload)
+    name = wl.get("name", "workload")
+    if wl.get("_target_", "").endswith("lmsys"):
+        df = _instantiate(cfg.workload, rng=np.random.default_rng(lengths_ss), max_model_len=arch.max_model_len)
+    else:
+        df = _instantiate(cfg.workload)
+    demand = _plain(cfg.demand) if "demand" in cfg and cfg.demand is not None else None
+    if demand is not None:
+        times = arrivals(demand.get("kind", "poisson"), len(df), np.random.default_rng(arrival_ss), demand.get("rate"))
+    elif "arrival_time" in df:
+        times = df["arrival_time"].to_numpy()
+    else:
+        raise ConfigError(f"workload '{name}' has no arrival times; add +demand=NAME with NAME one of: "
+                          f"{', '.join(options('demand'))}")
+    requests = make_requests(times, df["prompt_tokens"].to_numpy(), df["output_tokens"].to_numpy(),
+                             source=str(wl.get("path") or name),
+                             predicted=df["predicted_output_tokens"].to_numpy() if "predicted_output_tokens" in df else None)
+    pred_cfg = _plain(cfg.predictor)
+    kind = pred_cfg.pop("kind", "oracle")
+    pred_cfg.pop("name", None)
+    predicted = predict(kind, requests, np.random.default_rng(predictor_ss), **pred_cfg)
+    return requests, predicted
+
+
+def simulate(cfg: DictConfig) -> Tuple[EngineResult, dict]:
+    """Run one configuration in memory; returns the engine result and its summary."""
+    started = time.perf_counter()
+    policy = build_policy(cfg)
+    arch = ModelArch.from_mapping(_plain(cfg.model))
+    hw = hardware_spec(cfg)
+    arch.check_tensor_parallel(hw.tensor_parallel)
+    capacity = resolve_capacity(cfg.memory.capacity_tokens, arch, hw)
+    seed = int(cfg.seed)
+    requests, predicted = build_requests(cfg, arch, np.random.SeedSequence(seed))
+    too_long = np.flatnonzero(requests.prompt_tokens > arch.max_model_len)
+    if len(too_long):
+        i = too_long[0]
+        raise ConfigError(f"request {int(requests.request_id[i])} has a prompt of {int(requests.prompt_tokens[i])} tokens, "
+                          f"longer than model '{arch.name}' context max_model_len={arch.max_model_len}")
+    latency = build_latency(cfg, arch, hw, capacity)
+    policy.reset(seed)
+    engine = Engine(requests, predicted, policy, latency, capacity, stall_limit=int(cfg.engine.stall_limit),
+                    max_iterations=int(cfg.engine.max_iterations), progress=bool(cfg.engine.progress))
+    sim_started = time.perf_counter()
+    result = engine.run()
+    result.extra = {"policy": cfg.policy.name, "model": arch.name, "hardware": hw.name, "seed": seed,
+                    "latency": latency.describe(), "simulate_seconds": round(time.perf_counter() - sim_started, 3),
+                    "wall_seconds": round(time.perf_counter() - started, 3)}
+    return result, summarize(result)
+
+
+def run(cfg: DictConfig, out_dir) -> dict:
+    """Simulate ``cfg`` and write requests.parquet, iterations.parquet, config.yaml, summary.json."""
+    result, summary = simulate(cfg)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "resolved_config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    write_run(out, result, summary)
+    return summary
+
+
+@dataclass
+class Run:
+    folder: Path
+    summary: dict
+
+    @property
+    def requests(self) -> pd.DataFrame:
+        return pd.read_parquet(self.folder / "requests.parquet")
+
+    @property
+    def iterations(self) -> pd.DataFrame:
+        return pd.read_parquet(self.folder / "iterations.parquet")
+
+    @property
+    def config(self) -> Optional[DictConfig]:
+        path = self.folder / "resolved_config.yaml"
+        return OmegaConf.load(path) if path.exists() else None
+
+
+def load_run(folder) -> Run:
+    folder = Path(folder)
+    path = folder / "summary.json"
+    if not path.exists():
+        raise ConfigError(f"{folder}: no summary.json (the run did not finish or this is not a run folder)")
+    return Run(folder, json.loads(path.read_text()))

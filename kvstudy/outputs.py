@@ -1,0 +1,86 @@
+"""Run outputs: summary statistics and atomic writes.
+
+A run folder is complete when ``summary.json`` exists: it is written last, and every file is
+written to a temporary name and renamed, so a killed run never leaves a file that looks finished.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+
+from kvstudy.engine import EngineResult
+
+
+def _atomic(path: Path, write: Callable[[str], None]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _stats(values: pd.Series) -> dict:
+    v = values.dropna().to_numpy(dtype=float)
+    if not len(v):
+        return {"mean": None, "median": None, "p90": None, "p99": None}
+    return {"mean": float(v.mean()), "median": float(np.median(v)), "p90": float(np.percentile(v, 90)),
+            "p99": float(np.percentile(v, 99))}
+
+
+def summarize(result: EngineResult) -> dict:
+    req, it = result.requests, result.iterations
+    done = req[req["state"] == "done"]
+    makespan = float((it["start"] + it["duration"]).max() - req["arrival_time"].min()) if len(it) else 0.0
+    return {
+        "status": result.status,
+        "message": result.message,
+        "num_requests": int(len(req)),
+        "completed": int(len(done)),
+        "rejected": int((req["state"] == "rejected").sum()),
+        "e2e_latency": _stats(done["e2e_latency"]),
+        "ttft": _stats(done["ttft"]),
+        "tbt": _stats(done["mean_tbt"]),
+        "max_tbt": _stats(done["max_tbt"]),
+        "total_e2e_latency": float(done["e2e_latency"].sum()),
+        "makespan": makespan,
+        "throughput_requests_per_time": float(len(done) / makespan) if makespan > 0 else None,
+        "throughput_tokens_per_time": float(done["output_tokens"].sum() / makespan) if makespan > 0 else None,
+        "iterations": int(len(it)),
+        "peak_kv_tokens": int(it["kv_tokens_in_use"].max()) if len(it) else 0,
+        "capacity_tokens": int(result.capacity),
+        "clearing_events": int(result.clearing_events),
+        "preemptions": int(req["preemptions"].sum()),
+        "workload": {"prompt_mean": float(req["prompt_tokens"].mean()),
+                     "prompt_median": float(req["prompt_tokens"].median()),
+                     "output_mean": float(req["output_tokens"].mean()),
+                     "output_median": float(req["output_tokens"].median())},
+        **result.extra,
+    }
+
+
+def write_run(folder: Path, result: EngineResult, summary: dict) -> None:
+    folder = Path(folder)
+    _atomic(folder / "requests.parquet", lambda p: result.requests.to_parquet(p, index=False))
+    _atomic(folder / "iterations.parquet", lambda p: result.iterations.to_parquet(p, index=False))
+
+    def dump(p: str) -> None:
+        with open(p, "w") as fh:
+            json.dump(summary, fh, indent=1, default=str)
+            fh.write("\n")
+
+    _atomic(folder / "summary.json", dump)
+
+
+def is_complete(folder: Path) -> bool:
+    return (Path(folder) / "summary.json").exists()

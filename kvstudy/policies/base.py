@@ -1,0 +1,76 @@
+"""The policy interface: what a scheduler sees each iteration and what it may return.
+
+A policy is two small pieces, as in vLLM's v1 scheduler and SGLang's ``schedule_policy.py``:
+
+* ``order(view)``: a permutation of the waiting queue (which request to consider first);
+* ``admit(view, order)``: the waiting requests to start in this iteration, in that order.
+
+The engine owns time and KV-cache accounting. It builds the ``SchedulerView``, checks every decision
+(ids must be waiting, distinct, and the batch must fit in memory now), and handles overflows through
+``on_overflow``. A view never holds true output lengths: only predictions (equal to the truth only
+under the ``oracle`` predictor).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class SchedulerView:
+    """Read-only snapshot at the start of one iteration (round). Waiting arrays are in arrival order.
+
+    ``running_generated`` is the number of decode rounds a running request has completed; in this
+    round it runs decode ``generated + 1`` and holds ``prompt + generated + 1`` KV tokens (Sec. 2).
+    """
+
+    round: int
+    time: float
+    capacity: int
+    waiting_ids: np.ndarray
+    waiting_prompt: np.ndarray
+    waiting_predicted: np.ndarray
+    waiting_arrival: np.ndarray
+    running_ids: np.ndarray
+    running_prompt: np.ndarray
+    running_generated: np.ndarray
+    running_predicted: np.ndarray
+
+
+class Policy:
+    """Base class: subclasses implement ``order`` and ``admit``; ``on_overflow`` defaults to clearing all."""
+
+    name = "base"
+
+    def reset(self, seed: int) -> None:
+        """Called once before a run; a policy keeps no other state between runs."""
+        self._rng = np.random.default_rng(seed)
+
+    def order(self, view: SchedulerView) -> np.ndarray:
+        """Positions into the waiting arrays, first-considered first."""
+        raise NotImplementedError
+
+    def admit(self, view: SchedulerView, order: np.ndarray) -> np.ndarray:
+        """Positions (a subset of ``order``) of the waiting requests to start now."""
+        raise NotImplementedError
+
+    def schedule(self, view: SchedulerView) -> np.ndarray:
+        if len(view.waiting_ids) == 0:
+            return np.empty(0, dtype=np.int64)
+        return self.admit(view, self.order(view))
+
+    def on_overflow(self, view: SchedulerView) -> np.ndarray:
+        """The true KV need of this round exceeds capacity: positions of running requests to evict
+        (sent back to the queue unprocessed). Default: all of them (alpha-protection greedy, Sec. 5.2)."""
+        return np.arange(len(view.running_ids))
+
+
+def fifo_order(view: SchedulerView) -> np.ndarray:
+    """Arrival order; ties by input order (waiting arrays are already in that order)."""
+    return np.arange(len(view.waiting_ids))
+
+
+def shortest_predicted_order(view: SchedulerView) -> np.ndarray:
+    """Non-decreasing predicted output length; ties by arrival time, then input order (Alg. 1)."""
+    return np.lexsort((view.waiting_ids, view.waiting_arrival, view.waiting_predicted))

@@ -1,0 +1,56 @@
+"""MC-SF (Alg. 1) and MC-Benchmark (Alg. 2) of Jaillet et al.
+
+Both keep every running request and add the largest prefix of the ordered waiting queue for which
+eq. (5) holds at all predicted completion times; they differ only in the order: shortest predicted
+output first (MC-SF, eq. (6)) or arrival order (MC-Benchmark). Both stop at the first request that
+fails the check ("Break the for loop" in both algorithms).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from kvstudy.errors import ConfigError
+from kvstudy.policies.base import Policy, SchedulerView, fifo_order, shortest_predicted_order
+from kvstudy.policies.memory_check import FutureMemory, running_terms
+
+
+class PrefixFutureMemoryPolicy(Policy):
+    """Largest prefix of ``order`` satisfying eq. (5) against a budget of (1 - margin) * M.
+
+    ``margin`` is 0 in Alg. 1/2; Sec. 5.2.2 plans with noisy predictions under alpha = 0.1.
+    """
+
+    def __init__(self, margin: float = 0.0) -> None:
+        if not 0.0 <= margin < 1.0:
+            raise ConfigError(f"policy.margin={margin}: allowed 0 <= margin < 1")
+        self.margin = float(margin)
+
+    def admit(self, view: SchedulerView, order: np.ndarray) -> np.ndarray:
+        budget = int(np.floor((1.0 - self.margin) * view.capacity))
+        w, d = running_terms(view)
+        memory = FutureMemory(budget, w, d)
+        prompts, predicted = view.waiting_prompt, view.waiting_predicted
+        taken = 0
+        for pos in order:
+            if not memory.try_add(int(prompts[pos]), int(predicted[pos])):
+                break
+            taken += 1
+        return order[:taken]
+
+
+class MCSF(PrefixFutureMemoryPolicy):
+    """Memory-Constrained Shortest-First, Alg. 1 / eq. (6)."""
+
+    name = "mcsf"
+
+    def order(self, view: SchedulerView) -> np.ndarray:
+        return shortest_predicted_order(view)
+
+
+class MCBenchmark(PrefixFutureMemoryPolicy):
+    """Memory-Constrained Benchmark, Alg. 2: the eq. (5) check in arrival order."""
+
+    name = "mc_benchmark"
+
+    def order(self, view: SchedulerView) -> np.ndarray:
+        return fifo_order(view)

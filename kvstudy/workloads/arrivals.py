@@ -1,0 +1,28 @@
+"""Arrival processes (config group ``demand``): when each request reaches the scheduler."""
+from __future__ import annotations
+
+import numpy as np
+
+from kvstudy.errors import ConfigError
+
+
+def poisson(n: int, rate: float, rng: np.random.Generator) -> np.ndarray:
+    """Stationary Poisson process of ``rate`` requests per time unit starting at 0 (Sec. 5.2: high
+    demand 50/s, low demand 10/s): exponential gaps, the first one included."""
+    if not rate > 0:
+        raise ConfigError(f"demand.rate={rate}: must be > 0 requests per second")
+    return np.cumsum(rng.exponential(1.0 / rate, n))
+
+
+def offline(n: int, rate=None, rng=None) -> np.ndarray:
+    """Every request at time 0 (Arrival Model 1 of Sec. 5.1)."""
+    return np.zeros(n)
+
+
+PROCESSES = {"poisson": poisson, "offline": offline}
+
+
+def arrivals(kind: str, n: int, rng: np.random.Generator, rate: float = None) -> np.ndarray:
+    if kind not in PROCESSES:
+        raise ConfigError(f"demand.kind={kind!r}: allowed {', '.join(PROCESSES)}")
+    return PROCESSES[kind](n, rate, rng)

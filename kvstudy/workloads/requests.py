@@ -1,0 +1,61 @@
+"""The request table every workload produces, and its validation."""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import pandas as pd
+
+from kvstudy.errors import DataError
+
+
+@dataclass
+class Requests:
+    """Requests sorted by arrival time (ties keep input order); ``request_id`` is the input row."""
+
+    request_id: np.ndarray
+    arrival_time: np.ndarray
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+    predicted_output_tokens: Optional[np.ndarray] = None  # from a trace's own column, if any
+
+    def __len__(self) -> int:
+        return len(self.request_id)
+
+    def to_frame(self) -> pd.DataFrame:
+        return pd.DataFrame({"request_id": self.request_id, "arrival_time": self.arrival_time,
+                             "prompt_tokens": self.prompt_tokens, "output_tokens": self.output_tokens})
+
+
+def _int_column(values, name: str, source: str, minimum: int) -> np.ndarray:
+    arr = pd.to_numeric(pd.Series(values), errors="coerce").to_numpy(dtype=float)
+    bad = np.flatnonzero(~np.isfinite(arr) | (arr < minimum) | (arr != np.round(arr)))
+    if len(bad):
+        row = int(bad[0])
+        raise DataError(f"{source}: column '{name}' row {row} has value {values[row]!r}; "
+                        f"allowed: whole numbers >= {minimum} ({len(bad)} bad row(s))")
+    return arr.astype(np.int64)
+
+
+def make_requests(arrival_time, prompt_tokens, output_tokens, source: str, predicted=None,
+                  sort: str = "warn") -> Requests:
+    """Validate and sort. Unsorted arrivals are re-sorted with a warning saying how many rows moved
+    (``sort="warn"``) or rejected (``sort="error"``)."""
+    prompt = _int_column(prompt_tokens, "prompt_tokens", source, 1)
+    output = _int_column(output_tokens, "output_tokens", source, 1)
+    arrival = pd.to_numeric(pd.Series(arrival_time), errors="coerce").to_numpy(dtype=float)
+    bad = np.flatnonzero(~np.isfinite(arrival) | (arrival < 0))
+    if len(bad):
+        raise DataError(f"{source}: column 'arrival_time' row {int(bad[0])} has value {arrival[bad[0]]!r}; "
+                        "allowed: finite times >= 0")
+    pred = None if predicted is None else _int_column(predicted, "predicted_output_tokens", source, 1)
+    order = np.argsort(arrival, kind="stable")
+    moved = int((order != np.arange(len(order))).sum())
+    if moved:
+        if sort == "error":
+            raise DataError(f"{source}: arrival times are not sorted ({moved} rows out of order)")
+        warnings.warn(f"{source}: arrival times were not sorted; re-sorted, {moved} rows moved", stacklevel=2)
+    ids = np.arange(len(prompt))[order]
+    return Requests(ids, arrival[order], prompt[order], output[order], None if pred is None else pred[order])

@@ -1,0 +1,86 @@
+"""Request traces from CSV, JSONL or parquet.
+
+Columns (any may be renamed through ``columns``, e.g. ``workload.columns.prompt_tokens=ContextTokens``):
+``prompt_tokens``, ``output_tokens``, optional ``arrival_time`` and ``predicted_output_tokens``.
+Vidur's processed-trace names (``num_prefill_tokens``, ``num_decode_tokens``, ``arrived_at``) are
+recognised without mapping. Timestamps: numbers in ``time_unit`` (s or ms), or ISO datetimes; they are
+shifted so the first request arrives at 0.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Dict, Optional
+
+import numpy as np
+import pandas as pd
+
+from kvstudy.errors import DataError
+
+ALIASES = {
+    "prompt_tokens": ["prompt_tokens", "num_prefill_tokens"],
+    "output_tokens": ["output_tokens", "num_decode_tokens"],
+    "arrival_time": ["arrival_time", "arrived_at"],
+    "predicted_output_tokens": ["predicted_output_tokens"],
+}
+
+
+def read_table(path: Path) -> pd.DataFrame:
+    suffix = "".join(path.suffixes[-2:]) if path.suffix in (".gz", ".xz", ".bz2") else path.suffix
+    try:
+        if suffix.startswith(".csv"):
+            return pd.read_csv(path)
+        if suffix in (".jsonl", ".ndjson"):
+            return pd.read_json(path, lines=True)
+        if suffix == ".json":
+            return pd.read_json(path)
+        if suffix == ".parquet":
+            return pd.read_parquet(path)
+    except (ValueError, OSError) as exc:
+        raise DataError(f"{path}: cannot read as {suffix} ({exc})")
+    raise DataError(f"{path}: unknown trace format '{suffix}'; allowed: .csv, .jsonl, .json, .parquet")
+
+
+def _to_seconds(values: pd.Series, unit: str, source: str) -> np.ndarray:
+    if pd.api.types.is_numeric_dtype(values):
+        scale = {"s": 1.0, "ms": 1e-3}.get(unit)
+        if scale is None:
+            raise DataError(f"workload.time_unit={unit!r}: allowed s, ms")
+        seconds = values.to_numpy(dtype=float) * scale
+    else:
+        parsed = pd.to_datetime(values, errors="coerce", utc=True, format="mixed")
+        if parsed.isna().any():
+            row = int(np.flatnonzero(parsed.isna().to_numpy())[0])
+            raise DataError(f"{source}: arrival_time row {row} ({values.iloc[row]!r}) is neither a number nor an ISO datetime")
+        seconds = (parsed - parsed.min()).dt.total_seconds().to_numpy()
+    if np.isfinite(seconds).all() and len(seconds):
+        seconds = seconds - np.nanmin(seconds)
+    return seconds
+
+
+def trace(path: str, columns: Optional[Dict[str, str]] = None, time_unit: str = "s",
+          num_requests: Optional[int] = None) -> pd.DataFrame:
+    if not path:
+        raise DataError("workload.path is required for workload=trace (a .csv, .jsonl or .parquet file)")
+    file = Path(path)
+    if not file.exists():
+        raise DataError(f"workload.path={path!r}: file not found")
+    raw = read_table(file)
+    columns = dict(columns or {})
+    out = {}
+    for field, names in ALIASES.items():
+        candidates = [columns[field]] if field in columns and columns[field] else names
+        found = next((c for c in candidates if c in raw.columns), None)
+        if found is None:
+            if field in ("prompt_tokens", "output_tokens"):
+                raise DataError(f"{path}: missing column for '{field}' (looked for {candidates}); "
+                                f"columns present: {list(raw.columns)}; map one with workload.columns.{field}=NAME")
+            continue
+        out[field] = raw[found]
+    df = pd.DataFrame(out)
+    if "arrival_time" in df:
+        df["arrival_time"] = _to_seconds(df["arrival_time"], time_unit, path)
+    if num_requests:
+        if num_requests > len(df):
+            raise DataError(f"workload.num_requests={num_requests} but {path} has only {len(df)} rows")
+        df = df.iloc[:num_requests]
+    return df.reset_index(drop=True)

@@ -82,7 +82,7 @@ def build_requests(cfg: DictConfig, arch: ModelArch, seed_seq: np.random.SeedSeq
     if wl.get("_target_", "").endswith("lmsys"):
         df = _instantiate(cfg.workload, rng=np.random.default_rng(lengths_ss), max_model_len=arch.max_model_len)
     else:
-        df = _instantiate(cfg.workload)
+        df = _instantiate(cfg.workload, max_model_len=arch.max_model_len)
     demand = _plain(cfg.demand) if "demand" in cfg and cfg.demand is not None else None
     if demand is not None:
         times = arrivals(demand.get("kind", "poisson"), len(df), np.random.default_rng(arrival_ss), demand.get("rate"))

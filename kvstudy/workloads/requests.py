@@ -34,7 +34,9 @@ def _int_column(values, name: str, source: str, minimum: int) -> np.ndarray:
     bad = np.flatnonzero(~np.isfinite(arr) | (arr < minimum) | (arr != np.round(arr)))
     if len(bad):
         row = int(bad[0])
-        raise DataError(f"{source}: column '{name}' row {row} has value {values[row]!r}; "
+        value = pd.Series(values).iloc[row]
+        value = value.item() if hasattr(value, "item") else value
+        raise DataError(f"{source}: column '{name}' row {row} has value {value!r}; "
                         f"allowed: whole numbers >= {minimum} ({len(bad)} bad row(s))")
     return arr.astype(np.int64)
 
@@ -48,7 +50,7 @@ def make_requests(arrival_time, prompt_tokens, output_tokens, source: str, predi
     arrival = pd.to_numeric(pd.Series(arrival_time), errors="coerce").to_numpy(dtype=float)
     bad = np.flatnonzero(~np.isfinite(arrival) | (arrival < 0))
     if len(bad):
-        raise DataError(f"{source}: column 'arrival_time' row {int(bad[0])} has value {arrival[bad[0]]!r}; "
+        raise DataError(f"{source}: column 'arrival_time' row {int(bad[0])} has value {float(arrival[bad[0]])!r}; "
                         "allowed: finite times >= 0")
     pred = None if predicted is None else _int_column(predicted, "predicted_output_tokens", source, 1)
     order = np.argsort(arrival, kind="stable")

@@ -8,6 +8,7 @@ shifted so the first request arrives at 0.
 """
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Dict, Optional
 
@@ -58,7 +59,10 @@ def _to_seconds(values: pd.Series, unit: str, source: str) -> np.ndarray:
 
 
 def trace(path: str, columns: Optional[Dict[str, str]] = None, time_unit: str = "s",
-          num_requests: Optional[int] = None) -> pd.DataFrame:
+          num_requests: Optional[int] = None, drop_over_context: bool = False,
+          max_model_len: Optional[int] = None) -> pd.DataFrame:
+    """Read a trace. ``drop_over_context=True`` drops (with a warning giving the count) requests whose
+    prompt is longer than the model's context; by default such a request is an error, never a silent change."""
     if not path:
         raise DataError("workload.path is required for workload=trace (a .csv, .jsonl or .parquet file)")
     file = Path(path)
@@ -79,6 +83,12 @@ def trace(path: str, columns: Optional[Dict[str, str]] = None, time_unit: str = 
     df = pd.DataFrame(out)
     if "arrival_time" in df:
         df["arrival_time"] = _to_seconds(df["arrival_time"], time_unit, path)
+    if drop_over_context and max_model_len:
+        over = pd.to_numeric(df["prompt_tokens"], errors="coerce") > max_model_len
+        if over.any():
+            warnings.warn(f"{path}: dropped {int(over.sum())} of {len(df)} requests with prompts longer than the "
+                          f"model context {max_model_len} (workload.drop_over_context=true)", stacklevel=2)
+            df = df[~over].reset_index(drop=True)
     if num_requests:
         if num_requests > len(df):
             raise DataError(f"workload.num_requests={num_requests} but {path} has only {len(df)} rows")

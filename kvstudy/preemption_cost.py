@@ -1,0 +1,168 @@
+"""Swap vs recompute cost of preempting a request holding S KV tokens (CacheOPT, Shen et al. Sec. 3.5).
+
+* Recompute: re-running the prefill of S tokens, timed by the run's latency model (Vidur), in chunks of
+  at most the trained chunk size (each chunk attends to the ones before it).
+* Swap: the request's KV bytes out to host memory and back over PCIe 4.0 x16. Every GPU moves its own
+  tensor-parallel shard over its own link at the same time, so the time is that of one shard:
+  ``2 * (S * kv_bytes_per_token_per_gpu / (pcie_gbps * efficiency) + layers * per_layer_overhead)``.
+  Efficiency 0.8 (pinned-memory copies reach ~25 GB/s of the 31.5 GB/s Gen4 x16 link) and a 10 us
+  overhead per layer and direction (vLLM issues one copy per layer) are documented assumptions.
+
+CacheOPT's regressors are then fitted with scikit-learn to samples of both:
+
+    L_r(S) = alpha_r * S^beta_r + kappa_r * S + eps_r   (beta_r by grid search, the rest least squares)
+    L_s(S) = gamma_s * S + delta_s
+
+and the sweet spot S_s solves L_r(S) = L_s(S): swap above it, recompute below (CacheOPT O4; they
+measured ~4,000 tokens for OPT-13B on an A100, Fig. 8).
+
+``python -m kvstudy.preemption_cost model=opt_13b hardware=a100_tp1`` prints the fit and writes a plot.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+from sklearn.linear_model import LinearRegression
+
+from kvstudy.arch import ModelArch
+from kvstudy.latency.tables import HardwareSpec
+
+PCIE_EFFICIENCY = 0.8
+PER_LAYER_OVERHEAD_S = 10e-6
+
+
+def swap_seconds(arch: ModelArch, hw: HardwareSpec, tokens) -> np.ndarray:
+    per_gpu = np.asarray(tokens, float) * arch.kv_bytes_per_token(hw.tensor_parallel) / hw.pipeline_parallel
+    one_way = per_gpu / (hw.pcie_gbps * 1e9 * PCIE_EFFICIENCY) + (arch.num_layers / hw.pipeline_parallel) * PER_LAYER_OVERHEAD_S
+    return 2.0 * one_way
+
+
+def recompute_seconds(latency, tokens: int, max_chunk: int) -> float:
+    total, done = 0.0, 0
+    while done < tokens:
+        chunk = min(max_chunk, tokens - done)
+        total += latency.iteration_seconds([(chunk, done)], 0, 0)
+        done += chunk
+    return total
+
+
+@dataclass
+class PreemptionCost:
+    """Fitted CacheOPT regressors; ``choose(S)`` is the cheaper strategy for S tokens."""
+    alpha_r: float
+    beta_r: float
+    kappa_r: float
+    eps_r: float
+    gamma_s: float
+    delta_s: float
+    sweet_spot: Optional[float]
+    fit_mape_pct: dict
+
+    def recompute(self, tokens) -> np.ndarray:
+        s = np.asarray(tokens, float)
+        return self.alpha_r * s ** self.beta_r + self.kappa_r * s + self.eps_r
+
+    def swap(self, tokens) -> np.ndarray:
+        return self.gamma_s * np.asarray(tokens, float) + self.delta_s
+
+    def choose(self, tokens: int) -> str:
+        return "swap" if self.swap(tokens) < self.recompute(tokens) else "recompute"
+
+
+def fit(sizes: np.ndarray, recompute: np.ndarray, swap: np.ndarray) -> PreemptionCost:
+    s = np.asarray(sizes, float)
+    best = None
+    for beta in np.linspace(1.05, 3.0, 40):
+        X = np.column_stack([s ** beta, s])
+        reg = LinearRegression(positive=True).fit(X, recompute)
+        err = float(np.mean((reg.predict(X) - recompute) ** 2))
+        if best is None or err < best[0]:
+            best = (err, beta, reg)
+    _, beta, reg = best
+    lin = LinearRegression().fit(s[:, None], swap)
+    cost = PreemptionCost(alpha_r=float(reg.coef_[0]), beta_r=float(beta), kappa_r=float(reg.coef_[1]),
+                          eps_r=float(reg.intercept_), gamma_s=float(lin.coef_[0]), delta_s=float(lin.intercept_),
+                          sweet_spot=None, fit_mape_pct={})
+    cost.fit_mape_pct = {"recompute": float(np.mean(np.abs(cost.recompute(s) / recompute - 1)) * 100),
+                         "swap": float(np.mean(np.abs(cost.swap(s) / swap - 1)) * 100)}
+    grid = np.arange(1, int(s.max()) * 4 + 1, dtype=float)
+    diff = cost.recompute(grid) - cost.swap(grid)
+    crossing = np.flatnonzero((diff[:-1] < 0) & (diff[1:] >= 0))
+    cost.sweet_spot = float(grid[crossing[0] + 1]) if len(crossing) else None
+    return cost
+
+
+def measure(latency, arch: ModelArch, hw: HardwareSpec, max_tokens: int, max_chunk: int, points: int = 40):
+    sizes = np.unique(np.linspace(16, max_tokens, points).astype(int))
+    rec = np.array([recompute_seconds(latency, int(n), max_chunk) for n in sizes])
+    return sizes, rec, swap_seconds(arch, hw, sizes)
+
+
+def plot(sizes, rec, swp, cost: PreemptionCost, title: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    ax.plot(sizes, rec * 1e3, "o", ms=3, label="recompute (Vidur prefill)")
+    ax.plot(sizes, swp * 1e3, "s", ms=3, label="swap out+in (PCIe)")
+    ax.plot(sizes, cost.recompute(sizes) * 1e3, "-", lw=1, label=f"L_r fit (beta={cost.beta_r:.2f})")
+    ax.plot(sizes, cost.swap(sizes) * 1e3, "-", lw=1, label="L_s fit")
+    if cost.sweet_spot:
+        ax.axvline(cost.sweet_spot, color="gray", ls="--", lw=1, label=f"sweet spot {cost.sweet_spot:.0f}")
+    ax.set_xlabel("sequence length S (tokens)")
+    ax.set_ylabel("latency (ms)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _describe_spot(cost: PreemptionCost, horizon: int) -> str:
+    if cost.sweet_spot:
+        return f"{cost.sweet_spot:.0f} tokens"
+    return f"none: {cost.choose(16)} is cheaper at every length from 16 to {horizon} tokens"
+
+
+def main(argv=None) -> int:
+    from kvstudy import api
+    from kvstudy.errors import KvStudyError
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    out = Path("outputs/preemption_cost")
+    for arg in list(argv):
+        if arg.startswith("out="):
+            out = Path(arg.split("=", 1)[1])
+            argv.remove(arg)
+    try:
+        cfg = api.compose(argv)
+        arch = ModelArch.from_mapping(api._plain(cfg.model))
+        hw = api.hardware_spec(cfg)
+        from kvstudy.capacity import resolve_capacity
+
+        capacity = resolve_capacity(cfg.memory.capacity_tokens, arch, hw)
+        latency = api.build_latency(cfg, arch, hw, capacity)
+        max_tokens = min(8192, capacity)
+        sizes, rec, swp = measure(latency, arch, hw, max_tokens, arch.max_model_len)
+        cost = fit(sizes, rec, swp)
+    except KvStudyError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    name = f"{arch.name}_{hw.name}"
+    plot(sizes, rec, swp, cost, f"{arch.name} on {hw.name}", out / f"{name}.png")
+    print(f"{name}: L_r(S) = {cost.alpha_r:.3g} S^{cost.beta_r:.2f} + {cost.kappa_r:.3g} S + {cost.eps_r:.3g}; "
+          f"L_s(S) = {cost.gamma_s:.3g} S + {cost.delta_s:.3g}; fit MAPE {cost.fit_mape_pct}; "
+          f"sweet spot {_describe_spot(cost, 4 * max_tokens)}; "
+          f"plot {out / (name + '.png')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

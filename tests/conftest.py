@@ -1,0 +1,40 @@
+"""Shared fixtures. Tests never touch the network (HF_HUB_OFFLINE=1) and never write outside tmp dirs,
+except the trained-predictor cache, which goes to one temporary folder per session."""
+import os
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from kvstudy.paths import SHARED_REFERENCE  # noqa: E402
+
+SHARED_REASON = f"needs the shared reference data at {SHARED_REFERENCE} (set KVSTUDY_SHARED to its path)"
+needs_shared = pytest.mark.skipif(not SHARED_REFERENCE.exists(), reason=SHARED_REASON)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_cache(tmp_path_factory):
+    if "KVSTUDY_TEST_CACHE" in os.environ:  # reuse trained tables across local test runs
+        os.environ["KVSTUDY_CACHE_DIR"] = os.environ["KVSTUDY_TEST_CACHE"]
+    else:
+        os.environ["KVSTUDY_CACHE_DIR"] = str(tmp_path_factory.mktemp("kvcache"))
+    yield
+
+
+@pytest.fixture(scope="session")
+def llama_tp2_latency():
+    """Vidur's predictor for llama2_70b on a100_tp2 (trained once per session, ~20 s cold)."""
+    from kvstudy.latency.models import vidur
+    from kvstudy.latency.tables import HardwareSpec
+    from kvstudy.paths import load_model_arch
+
+    return vidur(load_model_arch("llama2_70b"), HardwareSpec("a100_tp2", "a100", "a100_pairwise_nvlink", 2),
+                 capacity_tokens=16492)
+
+
+def make_instance(prompt, output, arrival=None):
+    from kvstudy.workloads.requests import make_requests
+
+    n = len(prompt)
+    return make_requests(np.zeros(n) if arrival is None else arrival, prompt, output, source="test")

@@ -1,0 +1,26 @@
+"""The card's command line, as a user types it (one subprocess per case)."""
+import json
+import subprocess
+import sys
+
+from kvstudy.paths import REPO_ROOT
+
+
+def kvstudy(*args, cwd=REPO_ROOT):
+    return subprocess.run([sys.executable, "-m", "kvstudy", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_card_command_small_workload(tmp_path):
+    proc = kvstudy("+policy=mcsf", "+demand=high", "workload.num_requests=60", f"hydra.run.dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr
+    assert "e2e_latency" in proc.stdout and f"outputs: {tmp_path}" in proc.stdout
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["latency"]["name"] == "vidur"
+    assert {p.name for p in tmp_path.iterdir()} >= {"requests.parquet", "iterations.parquet", "summary.json"}
+
+
+def test_missing_policy_is_one_clear_line(tmp_path):
+    proc = kvstudy(f"hydra.run.dir={tmp_path}")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "error: no policy chosen; add +policy=NAME with NAME one of: mc_benchmark, mcsf"

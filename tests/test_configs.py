@@ -1,0 +1,35 @@
+"""Every config of every group composes (Hydra Compose API) and builds its object."""
+import pytest
+
+from kvstudy import api
+from kvstudy.arch import ModelArch
+from kvstudy.paths import CONF_DIR
+
+GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir())
+
+
+def test_groups_present():
+    assert {"model", "hardware", "latency", "policy", "demand", "workload", "predictor"} <= set(GROUPS)
+
+
+@pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in api.options(g)])
+def test_every_option_composes(group, option):
+    prefix = "+" if group in ("policy", "demand") else ""
+    cfg = api.compose([f"{prefix}{group}={option}"] + ([] if group == "policy" else ["+policy=mcsf"]))
+    assert cfg[group].name == option
+    if group == "model":
+        ModelArch.from_mapping(api._plain(cfg.model))
+    if group == "hardware":
+        api.hardware_spec(cfg)
+    if group == "policy":
+        assert api.build_policy(cfg).name == option
+
+
+@pytest.mark.parametrize("latency", ["unit", "linear"])
+def test_default_run_composes_and_simulates(latency, tmp_path):
+    cfg = api.compose(["+policy=mcsf", "+demand=high", f"latency={latency}", "workload.num_requests=30",
+                       "engine.progress=false"])
+    summary = api.run(cfg, tmp_path)
+    assert summary["status"] == "completed" and summary["completed"] == 30
+    run = api.load_run(tmp_path)
+    assert len(run.requests) == 30 and run.config.policy.name == "mcsf"

@@ -29,6 +29,23 @@ def _print_summary(summary: dict, folder: str) -> None:
     print(f"outputs: {folder}")
 
 
+def check_group_choices(argv) -> None:
+    """One clear line for an unknown option of a config group (``+policy=nope``, ``model=gpt5``), before
+    Hydra's multi-line composition error. Sweep values (``a,b``) are checked one by one; sweep functions
+    such as ``choice(...)`` are left to Hydra."""
+    from kvstudy.api import options
+
+    for arg in argv:
+        key, sep, value = arg.lstrip("+~").partition("=")
+        if not sep or not (CONF_DIR / key).is_dir() or "(" in value or value in ("", "null"):
+            continue
+        allowed = options(key)
+        for choice in value.split(","):
+            if choice not in allowed:
+                print(f"error: unknown {key} '{choice}'; allowed: {', '.join(allowed)}", file=sys.stderr)
+                sys.exit(2)
+
+
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     from kvstudy import api
@@ -44,4 +61,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    check_group_choices(sys.argv[1:])
     main()

@@ -90,3 +90,8 @@ def test_no_policy_and_no_demand_messages(tmp_path):
         run(FAST, tmp_path)
     with pytest.raises(ConfigError, match="add \\+demand=NAME with NAME one of: high, low, offline"):
         run(["+policy=mcsf"] + FAST, tmp_path)
+
+
+def test_tp_size_missing_from_profiles(tmp_path):
+    with pytest.raises(ConfigError, match=r"no profile rows at tensor_parallel=16 .* profiled TP sizes: \[1, 2, 4, 8\]"):
+        run(["+policy=mcsf", "+demand=high", "hardware.tensor_parallel=16", "latency=vidur"] + FAST[1:], tmp_path)

@@ -24,3 +24,16 @@ def test_missing_policy_is_one_clear_line(tmp_path):
     proc = kvstudy(f"hydra.run.dir={tmp_path}")
     assert proc.returncode == 2
     assert proc.stderr.strip() == "error: no policy chosen; add +policy=NAME with NAME one of: mc_benchmark, mcsf"
+
+
+def test_unknown_option_is_one_clear_line(tmp_path):
+    proc = kvstudy("+policy=mcsf,nope", "+demand=high", f"hydra.run.dir={tmp_path}")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "error: unknown policy 'nope'; allowed: mc_benchmark, mcsf"
+
+
+def test_latency_printout():
+    proc = subprocess.run([sys.executable, "-m", "kvstudy.latency"], cwd=REPO_ROOT, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "(a) one 512-token prefill" in proc.stdout and " ms" in proc.stdout

@@ -37,7 +37,7 @@ def check_group_choices(argv) -> None:
 
     for arg in argv:
         key, sep, value = arg.lstrip("+~").partition("=")
-        if not sep or not (CONF_DIR / key).is_dir() or "(" in value or value in ("", "null"):
+        if not sep or key.startswith("hydra") or not (CONF_DIR / key).is_dir() or "(" in value or value in ("", "null"):
             continue
         allowed = options(key)
         for choice in value.split(","):
@@ -57,6 +57,9 @@ def main(cfg: DictConfig) -> None:
     except KvStudyError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
+    if summary.get("skipped"):
+        print(f"complete already, skipped: {folder}")
+        return
     _print_summary(summary, folder)
 
 

@@ -23,7 +23,7 @@ from kvstudy.capacity import resolve_capacity
 from kvstudy.engine import Engine, EngineResult
 from kvstudy.errors import ConfigError
 from kvstudy.latency.tables import HardwareSpec
-from kvstudy.outputs import summarize, write_run
+from kvstudy.outputs import is_complete, summarize, write_run
 from kvstudy.paths import CONF_DIR
 from kvstudy.predictors import predict
 from kvstudy.workloads.arrivals import arrivals
@@ -119,7 +119,8 @@ def simulate(cfg: DictConfig) -> Tuple[EngineResult, dict]:
     latency = build_latency(cfg, arch, hw, capacity)
     policy.reset(seed)
     engine = Engine(requests, predicted, policy, latency, capacity, stall_limit=int(cfg.engine.stall_limit),
-                    max_iterations=int(cfg.engine.max_iterations), progress=bool(cfg.engine.progress))
+                    max_iterations=int(cfg.engine.max_iterations), progress=bool(cfg.engine.progress),
+                    overflow_cost=str(cfg.engine.get("overflow_cost", "batch")))
     sim_started = time.perf_counter()
     result = engine.run()
     result.extra = {"policy": cfg.policy.name, "model": arch.name, "hardware": hw.name, "seed": seed,
@@ -128,14 +129,34 @@ def simulate(cfg: DictConfig) -> Tuple[EngineResult, dict]:
     return result, summarize(result)
 
 
-def run(cfg: DictConfig, out_dir) -> dict:
-    """Simulate ``cfg`` and write requests.parquet, iterations.parquet, config.yaml, summary.json."""
-    result, summary = simulate(cfg)
+def run(cfg: DictConfig, out_dir, resume: bool = True) -> dict:
+    """Simulate ``cfg`` and write resolved_config.yaml, requests.parquet, iterations.parquet, summary.json.
+
+    With ``resume`` (the default) a folder that already holds a complete run of the same resolved config
+    is left as it is and its summary returned (``"skipped": true``), so re-running a killed sweep only
+    redoes unfinished runs. A folder holding a different config is an error, never overwritten silently.
+    """
     out = Path(out_dir)
+    resolved = OmegaConf.to_yaml(cfg, resolve=True)
+    config_file = out / "resolved_config.yaml"
+    if resume and is_complete(out):
+        if config_file.exists() and config_file.read_text() == resolved:
+            return {**json.loads((out / "summary.json").read_text()), "skipped": True}
+        raise ConfigError(f"{out} already holds a finished run of a different config; choose another hydra.run.dir")
+    result, summary = simulate(cfg)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "resolved_config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    _write_text_atomic(config_file, resolved)
     write_run(out, result, summary)
     return summary
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    from kvstudy.outputs import _atomic
+
+    def write(tmp: str) -> None:
+        Path(tmp).write_text(text)
+
+    _atomic(path, write)
 
 
 @dataclass

@@ -19,8 +19,13 @@ Conventions (the one place they are written down; MC-SF paper Sec. 2 and IP cons
 * Overflow: if the running requests' true need for this round exceeds capacity (possible only with
   protection heuristics or under-predictions), the policy's ``on_overflow`` names requests to evict;
   they return to the queue unprocessed (KV and progress lost: ``preemptions`` and ``restarts`` + 1).
-  An eviction costs no time of its own; its cost is the recomputation it causes. ``stall_limit``
-  consecutive clearing events without a completion end the run with status ``no_progress``.
+  Cost in time (``overflow_cost``): ``batch`` (default) charges each clearing event the latency of the
+  running batch that overflowed, during which no token is produced (the attempt is wasted); so a
+  beta-clearing policy that evicts too few requests pays again next round, which is the "significant
+  time" the paper attributes to small beta (App. C). ``free`` charges nothing beyond the recomputation.
+  An overflow is recorded as an iteration with ``overflow`` true, ``cleared`` = requests evicted (possibly
+  0 under beta-clearing) and its true ``kv_tokens_in_use`` (> capacity). ``stall_limit`` consecutive clearing events without a completed request end the run
+  with status ``no_progress`` (the paper's "infinite processing loops" of a too-small alpha).
 * A request whose s + o exceeds capacity can never be served: it is marked ``rejected`` up front.
   If the policy admits nothing while nothing runs and no arrival is left, the run ends ``stalled``.
 """
@@ -58,7 +63,11 @@ class EngineResult:
 
 class Engine:
     def __init__(self, requests: Requests, predicted: np.ndarray, policy: Policy, latency, capacity: int,
-                 stall_limit: int = 1000, max_iterations: int = 50_000_000, progress: bool = False) -> None:
+                 stall_limit: int = 100, max_iterations: int = 50_000_000, progress: bool = False,
+                 overflow_cost: str = "batch") -> None:
+        if overflow_cost not in ("batch", "free"):
+            raise KvStudyError(f"engine.overflow_cost={overflow_cost!r}: allowed batch, free")
+        self.overflow_cost = overflow_cost
         if capacity <= 0:
             raise KvStudyError(f"memory.capacity_tokens={capacity}: must be a positive number of tokens")
         self.r = requests
@@ -103,7 +112,7 @@ class Engine:
         tbt_max = np.zeros(n)
         preemptions = np.zeros(n, dtype=np.int64)
         restarts = np.zeros(n, dtype=np.int64)
-        it_start, it_dur, it_batch, it_prefill, it_decode, it_kv = [], [], [], [], [], []
+        it_start, it_dur, it_batch, it_prefill, it_decode, it_kv, it_cleared = [], [], [], [], [], [], []
         at_start = bool(getattr(self.latency, "stamps_at_start", False))
         name = getattr(self.policy, "name", type(self.policy).__name__)
         waiting: List[int] = []
@@ -135,8 +144,19 @@ class Engine:
                 view = self._view(rnd, t, waiting, running)
                 evict = self._positions(self.policy.on_overflow(view), len(running), "eviction", name)
                 victims = running[evict]
-                if not len(victims):
-                    raise PolicyError(f"policy '{name}' evicted nothing on an overflow ({need} > {M} tokens)")
+                dt = 0.0
+                if self.overflow_cost == "batch":
+                    dt = float(self.latency.iteration_seconds([], len(running),
+                                                              int((s[running] + self.gen[running]).sum())))
+                it_start.append(t)
+                it_dur.append(dt)
+                it_batch.append(len(running))
+                it_prefill.append(0)
+                it_decode.append(0)
+                it_kv.append(need)
+                it_cleared.append(len(victims))
+                t += dt
+                rnd += 1
                 state[victims] = WAITING
                 self.gen[victims] = 0
                 preemptions[victims] += 1
@@ -155,11 +175,8 @@ class Engine:
             chosen = self._positions(self.policy.schedule(view), len(waiting), "admission", name)
             admitted = np.fromiter((waiting[p] for p in chosen), dtype=np.int64, count=len(chosen))
             if len(admitted):
-                staying = running[self.gen[running] + 1 < o[running]]
-                next_need = int((s[staying] + self.gen[staying] + 2).sum() + (s[admitted] + 1).sum())
-                if next_need > M:
-                    raise PolicyError(f"policy '{name}' admitted {len(admitted)} request(s) at round {rnd} that need "
-                                      f"{next_need} KV tokens next round, over capacity {M}")
+                # No capacity check here: under constraint (3) an admission round is not charged; a decision
+                # that overflows later is caught by the overflow check at the start of that round.
                 drop = set(chosen.tolist())
                 waiting = [w for k, w in enumerate(waiting) if k not in drop]
             elif not len(running):
@@ -182,6 +199,7 @@ class Engine:
             it_prefill.append(int(s[admitted].sum()))
             it_decode.append(len(running))
             it_kv.append(need)
+            it_cleared.append(0)
             if len(running):
                 self.gen[running] += 1
                 gap = stamp - last_token[running]
@@ -225,5 +243,5 @@ class Engine:
             "start": np.array(it_start, dtype=float), "duration": np.array(it_dur, dtype=float),
             "batch_size": np.array(it_batch, dtype=np.int64), "prefill_tokens": np.array(it_prefill, dtype=np.int64),
             "decode_tokens": np.array(it_decode, dtype=np.int64), "kv_tokens_in_use": np.array(it_kv, dtype=np.int64),
-            "capacity": M})
+            "capacity": M, "overflow": np.array(it_kv, dtype=np.int64) > M, "cleared": np.array(it_cleared, dtype=np.int64)})
         return EngineResult(requests, iterations, status, message, clearing, M)

@@ -76,7 +76,7 @@ class PreemptionCost:
 def fit(sizes: np.ndarray, recompute: np.ndarray, swap: np.ndarray) -> PreemptionCost:
     s = np.asarray(sizes, float)
     best = None
-    for beta in np.linspace(1.05, 3.0, 40):
+    for beta in np.linspace(1.01, 3.0, 200):
         X = np.column_stack([s ** beta, s])
         reg = LinearRegression(positive=True).fit(X, recompute)
         err = float(np.mean((reg.predict(X) - recompute) ** 2))

@@ -86,7 +86,7 @@ def test_unsorted_timestamps_warn_with_count(tmp_path):
 
 
 def test_no_policy_and_no_demand_messages(tmp_path):
-    with pytest.raises(ConfigError, match="add \\+policy=NAME with NAME one of: mc_benchmark, mcsf"):
+    with pytest.raises(ConfigError, match="add \\+policy=NAME with NAME one of: " + ", ".join(api.options("policy"))):
         run(FAST, tmp_path)
     with pytest.raises(ConfigError, match="add \\+demand=NAME with NAME one of: high, low, offline"):
         run(["+policy=mcsf"] + FAST, tmp_path)

@@ -23,13 +23,14 @@ def test_card_command_small_workload(tmp_path):
 def test_missing_policy_is_one_clear_line(tmp_path):
     proc = kvstudy(f"hydra.run.dir={tmp_path}")
     assert proc.returncode == 2
-    assert proc.stderr.strip() == "error: no policy chosen; add +policy=NAME with NAME one of: mc_benchmark, mcsf"
+    assert proc.stderr.strip() == ("error: no policy chosen; add +policy=NAME with NAME one of: "
+                                   "alpha_beta, alpha_greedy, mc_benchmark, mcsf")
 
 
 def test_unknown_option_is_one_clear_line(tmp_path):
     proc = kvstudy("+policy=mcsf,nope", "+demand=high", f"hydra.run.dir={tmp_path}")
     assert proc.returncode == 2
-    assert proc.stderr.strip() == "error: unknown policy 'nope'; allowed: mc_benchmark, mcsf"
+    assert proc.stderr.strip() == "error: unknown policy 'nope'; allowed: alpha_beta, alpha_greedy, mc_benchmark, mcsf"
 
 
 def test_latency_printout():

@@ -5,7 +5,8 @@ from kvstudy import api
 from kvstudy.arch import ModelArch
 from kvstudy.paths import CONF_DIR
 
-GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir())
+GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name != "hydra")  # launchers: test_sweeps
+APPENDED = {"policy", "demand", "algo", "experiment"}  # not in the defaults list: chosen with +group=option
 
 
 def test_groups_present():
@@ -14,15 +15,25 @@ def test_groups_present():
 
 @pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in api.options(g)])
 def test_every_option_composes(group, option):
-    prefix = "+" if group in ("policy", "demand") else ""
-    cfg = api.compose([f"{prefix}{group}={option}"] + ([] if group == "policy" else ["+policy=mcsf"]))
-    assert cfg[group].name == option
+    prefix = "+" if group in APPENDED else ""
+    chooses_policy = group in ("policy", "algo") or (group == "experiment" and option not in ("table1", "fig3", "fig5_reference"))
+    cfg = api.compose([f"{prefix}{group}={option}"] + ([] if chooses_policy or group == "experiment" else ["+policy=mcsf"]))
+    if group in ("policy", "demand", "model", "hardware", "latency", "workload", "predictor"):
+        assert cfg[group].name == option
     if group == "model":
         ModelArch.from_mapping(api._plain(cfg.model))
     if group == "hardware":
         api.hardware_spec(cfg)
     if group == "policy":
         assert api.build_policy(cfg).name == option
+    if group == "algo":
+        assert api.build_policy(cfg).name in ("mcsf", "mc_benchmark", "alpha_greedy", "alpha_beta")
+    if group == "experiment":
+        from omegaconf import OmegaConf
+
+        raw = OmegaConf.load(CONF_DIR / "experiment" / f"{option}.yaml")
+        assert raw.hydra.mode == "MULTIRUN" and raw.hydra.sweeper.params and raw.hydra.sweep.dir
+        assert cfg.engine.progress is False
 
 
 @pytest.mark.parametrize("latency", ["unit", "linear"])

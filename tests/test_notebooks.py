@@ -1,0 +1,57 @@
+"""Notebooks execute headless against small sweeps produced here (the CI small-volume variant), and
+committed notebooks carry no outputs."""
+import os
+import subprocess
+import sys
+
+import nbformat
+import pytest
+
+from kvstudy.paths import REPO_ROOT
+
+NOTEBOOKS = sorted((REPO_ROOT / "notebooks").glob("*.ipynb"))
+SMALL = {  # experiment -> overrides that shrink it (same code path, fewer and smaller runs)
+    "table1": ["seed=0,1", "workload.num_requests=150"],
+    "fig3": ["+algo=mcsf,mc_benchmark,a030,a010_b010", "workload.num_requests=100,200"],
+    "fig5": ["seed=0", "workload.num_requests=150"],
+    "fig5_reference": ["seed=0", "workload.num_requests=150"],
+    "alpha_beta_sweep": ["policy.alpha=0.1,0.2", "policy.beta=0.1,0.2", "seed=0", "workload.num_requests=150"],
+}
+
+
+def run(args, **kw):
+    proc = subprocess.run([sys.executable, "-m", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=900, **kw)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc
+
+
+@pytest.fixture(scope="session")
+def small_results(tmp_path_factory):
+    root = tmp_path_factory.mktemp("results")
+    for name, overrides in SMALL.items():
+        run(["kvstudy", f"+experiment={name}", *overrides, f"hydra.sweep.dir={root / name}"])
+    for demand in ("high", "low"):
+        run(["kvstudy.studies", "alpha-search", f"+demand={demand}", "workload.num_requests=150",
+             f"out={root / 'alpha_search'}"])
+    return root
+
+
+def test_committed_notebooks_have_no_outputs():
+    assert NOTEBOOKS
+    for path in NOTEBOOKS:
+        nb = nbformat.read(path, as_version=4)
+        for cell in nb.cells:
+            if cell.cell_type == "code":
+                assert not cell.outputs and cell.execution_count is None, f"{path.name} has outputs committed"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_notebook_executes(path, small_results, monkeypatch):
+    from nbclient import NotebookClient
+
+    monkeypatch.setenv("KVSTUDY_RESULTS", str(small_results))
+    nb = nbformat.read(path, as_version=4)
+    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
+    text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    assert "no results at" not in text, text[:2000]
+    assert any((small_results / "figures").glob("*.png"))

@@ -30,7 +30,8 @@ def view(waiting: int, rng) -> SchedulerView:
     w = np.arange(waiting)
     return SchedulerView(round=100, time=10.0, capacity=16492, waiting_ids=w, waiting_prompt=s[w],
                          waiting_predicted=o[w], waiting_arrival=np.sort(rng.uniform(0, 10, waiting)),
-                         running_ids=ri, running_prompt=s[ri], running_generated=rg, running_predicted=o[ri])
+                         running_ids=ri, running_prompt=s[ri], running_generated=rg, running_predicted=o[ri],
+                         running_arrival=np.zeros(len(ri)))
 
 
 def main():

@@ -31,8 +31,10 @@ Conventions (the one place they are written down; MC-SF paper Sec. 2 and IP cons
 """
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
+from itertools import islice
 from dataclasses import dataclass, field
 from typing import List
 
@@ -61,15 +63,67 @@ class EngineResult:
     extra: dict = field(default_factory=dict)
 
 
+class _LazyView(SchedulerView):
+    """A ``SchedulerView`` whose arrays are built from engine state on first read (see SchedulerView)."""
+
+    def __init__(self, engine: "Engine", rnd: int, t: float, waiting: List[int], running: dict, kv: int) -> None:
+        self.round, self.time, self.capacity, self.running_kv_tokens = rnd, t, engine.capacity, kv
+        self._engine, self._waiting, self._running = engine, waiting, running
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    def _arrays(self, idx: np.ndarray, prefix: str) -> dict:
+        e, r = self._engine, self._engine.r
+        out = {f"{prefix}_ids": r.request_id[idx], f"{prefix}_prompt": r.prompt_tokens[idx],
+               f"{prefix}_predicted": e.pred[idx], f"{prefix}_arrival": r.arrival_time[idx]}
+        if prefix == "running":
+            out["running_generated"] = self.round - e.p_round[idx] - 1
+        return out
+
+    def __getattr__(self, name: str):
+        if name not in SchedulerView.ARRAYS:
+            raise AttributeError(name)
+        if name.startswith("waiting"):
+            idx = np.fromiter(self._waiting, dtype=np.int64, count=len(self._waiting))
+            self.__dict__.update(self._arrays(idx, "waiting"))
+        else:
+            self.__dict__.update(self._arrays(self._engine._running_array(self._running), "running"))
+        return self.__dict__[name]
+
+    def head_prompts(self, k: int) -> np.ndarray:
+        prompts = self._engine.s_list
+        return np.array([prompts[i] for i in islice(self._waiting, k)], dtype=np.int64)
+
+
+def _range_max(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """max(values[lo_k..hi_k]) for each k (inclusive ranges, lo <= hi), with a sparse table."""
+    table = [values]
+    span = 1
+    while 2 * span <= len(values):
+        prev = table[-1]
+        table.append(np.maximum(prev[:-span], prev[span:]))
+        span *= 2
+    length = hi - lo + 1
+    level = np.floor(np.log2(np.maximum(length, 1))).astype(int)
+    out = np.empty(len(lo))
+    for lv in np.unique(level):
+        sel = level == lv
+        tab = table[lv]
+        out[sel] = np.maximum(tab[lo[sel]], tab[hi[sel] - (1 << lv) + 1])
+    return out
+
+
 class Engine:
     def __init__(self, requests: Requests, predicted: np.ndarray, policy: Policy, latency, capacity: int,
                  stall_limit: int = 100, max_iterations: int = 50_000_000, progress: bool = False,
                  overflow_cost: str = "batch") -> None:
         if overflow_cost not in ("batch", "free"):
             raise KvStudyError(f"engine.overflow_cost={overflow_cost!r}: allowed batch, free")
-        self.overflow_cost = overflow_cost
         if capacity <= 0:
             raise KvStudyError(f"memory.capacity_tokens={capacity}: must be a positive number of tokens")
+        self.overflow_cost = overflow_cost
         self.r = requests
         self.pred = np.asarray(predicted, dtype=np.int64)
         self.policy = policy
@@ -79,47 +133,46 @@ class Engine:
         self.max_iterations = max_iterations
         self.progress = progress
 
-    def _view(self, rnd, t, waiting: List[int], running: np.ndarray) -> SchedulerView:
-        w = np.fromiter(waiting, dtype=np.int64, count=len(waiting))
-        r = self.r
-        return SchedulerView(
-            round=rnd, time=t, capacity=self.capacity,
-            waiting_ids=r.request_id[w], waiting_prompt=r.prompt_tokens[w], waiting_predicted=self.pred[w],
-            waiting_arrival=r.arrival_time[w], running_ids=r.request_id[running],
-            running_prompt=r.prompt_tokens[running], running_generated=self.gen[running],
-            running_predicted=self.pred[running])
+    @staticmethod
+    def _running_array(running: dict) -> np.ndarray:
+        return np.fromiter(running, dtype=np.int64, count=len(running))
 
     @staticmethod
     def _positions(chosen, size: int, what: str, policy: str) -> np.ndarray:
         chosen = np.asarray(chosen, dtype=np.int64).ravel()
-        if len(chosen) and (chosen.min() < 0 or chosen.max() >= size):
+        if len(chosen) == 0:
+            return chosen
+        if chosen.min() < 0 or chosen.max() >= size:
             raise PolicyError(f"policy '{policy}' returned {what} position outside 0..{size - 1}")
-        if len(np.unique(chosen)) != len(chosen):
+        if len(chosen) > 1 and len(set(chosen.tolist())) != len(chosen):
             raise PolicyError(f"policy '{policy}' returned a {what} position twice")
         return chosen
 
     def run(self) -> EngineResult:
         r, n, M = self.r, len(self.r), self.capacity
         s, o, a = r.prompt_tokens, r.output_tokens, r.arrival_time
-        self.gen = np.zeros(n, dtype=np.int64)
+        self.s_list = s_list = s.tolist()
+        o_list = o.tolist()
+        self.p_round = p_round = np.full(n, -1, dtype=np.int64)  # admission round of the current life
         state = np.full(n, FUTURE, dtype=np.int8)
         state[s + o > M] = REJECTED
         first_sched = np.full(n, np.nan)
         first_token = np.full(n, np.nan)
+        admit_stamp = np.full(n, np.nan)  # first token of the completing life (for TBT)
         completion = np.full(n, np.nan)
-        last_token = np.full(n, np.nan)
-        tbt_sum = np.zeros(n)
-        tbt_max = np.zeros(n)
+        done_round = np.full(n, -1, dtype=np.int64)
         preemptions = np.zeros(n, dtype=np.int64)
         restarts = np.zeros(n, dtype=np.int64)
-        it_start, it_dur, it_batch, it_prefill, it_decode, it_kv, it_cleared = [], [], [], [], [], [], []
+        it_start, it_dur, it_batch, it_prefill, it_decode, it_kv, it_cleared, it_over = ([] for _ in range(8))
         at_start = bool(getattr(self.latency, "stamps_at_start", False))
         name = getattr(self.policy, "name", type(self.policy).__name__)
+        iteration_seconds = self.latency.iteration_seconds
         waiting: List[int] = []
-        running = np.empty(0, dtype=np.int64)
+        running: dict = {}  # insertion-ordered set of running requests
+        finish_at: dict = {}  # round -> requests whose last decode is in that round
+        kv = 0  # sum over running of s + generated + 1: the KV they hold this round
         t, rnd, nxt, clearing, since_completion = 0.0, 0, 0, 0, 0
         status, message = "completed", ""
-        done = int((state == REJECTED).sum())
         bar = None
         if self.progress:
             from tqdm import tqdm
@@ -131,7 +184,7 @@ class Engine:
                     state[nxt] = WAITING
                     waiting.append(nxt)
                 nxt += 1
-            if not waiting and not len(running):
+            if not waiting and not running:
                 if nxt >= n:
                     break
                 t = float(math.ceil(a[nxt])) if at_start else float(a[nxt])
@@ -139,30 +192,40 @@ class Engine:
             if rnd >= self.max_iterations:
                 status, message = "max_iterations", f"stopped after {rnd} iterations (engine.max_iterations)"
                 break
-            need = int((s[running] + self.gen[running] + 1).sum())
-            if need > M:
-                view = self._view(rnd, t, waiting, running)
-                evict = self._positions(self.policy.on_overflow(view), len(running), "eviction", name)
-                victims = running[evict]
+            if kv > M:
+                view = _LazyView(self, rnd, t, waiting, running, kv)
+                run_arr = self._running_array(running)
+                evict = self._positions(self.policy.on_overflow(view), len(run_arr), "eviction", name)
+                victims = run_arr[evict]
                 dt = 0.0
                 if self.overflow_cost == "batch":
-                    dt = float(self.latency.iteration_seconds([], len(running),
-                                                              int((s[running] + self.gen[running]).sum())))
+                    dt = float(iteration_seconds([], len(run_arr), kv - len(run_arr)))
                 it_start.append(t)
                 it_dur.append(dt)
-                it_batch.append(len(running))
+                it_batch.append(len(run_arr))
                 it_prefill.append(0)
                 it_decode.append(0)
-                it_kv.append(need)
+                it_kv.append(kv)
                 it_cleared.append(len(victims))
-                t += dt
-                rnd += 1
+                it_over.append(True)
+                kv -= int((s[victims] + rnd - p_round[victims]).sum())
+                for i in victims.tolist():
+                    del running[i]
                 state[victims] = WAITING
-                self.gen[victims] = 0
+                p_round[victims] = -1
                 preemptions[victims] += 1
                 restarts[victims] += 1
-                running = np.delete(running, evict)
-                waiting = list(heapq.merge(waiting, sorted(victims.tolist())))
+                # Survivors made no progress in the wasted round: their schedule moves one round later.
+                for i in running:
+                    p_round[i] += 1
+                    finish_at.setdefault(int(p_round[i]) + o_list[i], []).append(i)
+                if len(victims) <= 8:  # typical (vLLM-like preemption): a binary-search insert each
+                    for v in victims.tolist():
+                        bisect.insort(waiting, v)
+                else:
+                    waiting = list(heapq.merge(waiting, sorted(victims.tolist())))
+                t += dt
+                rnd += 1
                 clearing += 1
                 since_completion += 1
                 if since_completion >= self.stall_limit:
@@ -171,15 +234,21 @@ class Engine:
                                f"(engine.stall_limit={self.stall_limit}); the policy keeps overflowing memory")
                     break
                 continue
-            view = self._view(rnd, t, waiting, running)
-            chosen = self._positions(self.policy.schedule(view), len(waiting), "admission", name)
-            admitted = np.fromiter((waiting[p] for p in chosen), dtype=np.int64, count=len(chosen))
-            if len(admitted):
+            if waiting:  # a policy admits only from the queue: with none waiting there is nothing to ask
+                view = _LazyView(self, rnd, t, waiting, running, kv)
+                chosen = self._positions(self.policy.schedule(view), len(waiting), "admission", name)
+                admitted = [waiting[k] for k in chosen.tolist()]
+            else:
+                admitted = []
+            if admitted:
                 # No capacity check here: under constraint (3) an admission round is not charged; a decision
                 # that overflows later is caught by the overflow check at the start of that round.
-                drop = set(chosen.tolist())
-                waiting = [w for k, w in enumerate(waiting) if k not in drop]
-            elif not len(running):
+                if chosen.max() == len(chosen) - 1:  # a prefix of the queue (FCFS policies)
+                    del waiting[: len(chosen)]
+                else:
+                    drop = set(chosen.tolist())
+                    waiting = [w for k, w in enumerate(waiting) if k not in drop]
+            elif not running:
                 if nxt < n:
                     t = float(math.ceil(a[nxt])) if at_start else max(t, float(a[nxt]))
                     continue
@@ -189,59 +258,86 @@ class Engine:
                            f"(first: request {first}, prompt {int(s[waiting[0]])}, predicted output "
                            f"{int(self.pred[waiting[0]])}, capacity {M})")
                 break
-            chunks = [(int(x), 0) for x in s[admitted]]
-            ctx_sum = int((s[running] + self.gen[running]).sum())
-            dt = float(self.latency.iteration_seconds(chunks, len(running), ctx_sum))
+            num_running = len(running)
+            chunks = [(s_list[i], 0) for i in admitted]
+            dt = float(iteration_seconds(chunks, num_running, kv - num_running))
             stamp = t if at_start else t + dt
+            prefill = sum(c for c, _ in chunks)
             it_start.append(t)
             it_dur.append(dt)
-            it_batch.append(len(running) + len(admitted))
-            it_prefill.append(int(s[admitted].sum()))
-            it_decode.append(len(running))
-            it_kv.append(need)
+            it_batch.append(num_running + len(admitted))
+            it_prefill.append(prefill)
+            it_decode.append(num_running)
+            it_kv.append(kv)
             it_cleared.append(0)
-            if len(running):
-                self.gen[running] += 1
-                gap = stamp - last_token[running]
-                tbt_sum[running] += gap
-                tbt_max[running] = np.maximum(tbt_max[running], gap)
-                last_token[running] = stamp
-                finished = self.gen[running] >= o[running]
-                if finished.any():
-                    ended = running[finished]
-                    completion[ended] = stamp
-                    state[ended] = DONE
-                    running = running[~finished]
-                    done += len(ended)
-                    since_completion = 0
-                    if bar is not None:
-                        bar.update(len(ended))
-            if len(admitted):
-                state[admitted] = RUNNING
-                first_sched[admitted] = np.where(np.isnan(first_sched[admitted]), t, first_sched[admitted])
-                first_token[admitted] = np.where(np.isnan(first_token[admitted]), stamp, first_token[admitted])
-                last_token[admitted] = stamp
-                running = np.concatenate((running, admitted))
+            it_over.append(False)
+            finished = [i for i in finish_at.pop(rnd, ()) if state[i] == RUNNING and p_round[i] + o_list[i] == rnd]
+            freed = 0
+            for i in finished:
+                del running[i]
+                freed += s_list[i] + o_list[i]
+            if finished:
+                for i in finished:  # few per round: element-wise beats building index arrays
+                    completion[i] = stamp
+                    done_round[i] = rnd
+                    state[i] = DONE
+                since_completion = 0
+                if bar is not None:
+                    bar.update(len(finished))
+            kv += (num_running - len(finished)) - freed  # survivors grow by one token each
+            for i in admitted:
+                running[i] = None
+                finish_at.setdefault(rnd + o_list[i], []).append(i)
+            if admitted:
+                kv += prefill + len(admitted)
+                for i in admitted:
+                    state[i] = RUNNING
+                    p_round[i] = rnd
+                    admit_stamp[i] = stamp
+                    if first_token[i] != first_token[i]:  # NaN: first life of this request
+                        first_sched[i] = t
+                        first_token[i] = stamp
             t += dt
             rnd += 1
         if bar is not None:
             bar.close()
         if status == "completed" and (state == REJECTED).any():
             message = f"{int((state == REJECTED).sum())} request(s) rejected: prompt + output exceeds capacity {M}"
+        start = np.array(it_start, dtype=float)
+        dur = np.array(it_dur, dtype=float)
+        over = np.array(it_over, dtype=bool)
+        mean_tbt, max_tbt = self._tbt(state, o, completion, admit_stamp, p_round, done_round, start, dur, over,
+                                      at_start)
         states = np.array(["future", "waiting", "running", "done", "rejected"])[state]
-        decodes = np.maximum(self.gen, 0)
         requests = pd.DataFrame({
             "request_id": r.request_id, "arrival_time": a, "prompt_tokens": s, "output_tokens": o,
             "predicted_output_tokens": self.pred, "state": states, "first_scheduled_time": first_sched,
             "first_token_time": first_token, "completion_time": completion,
-            "ttft": first_token - a, "e2e_latency": completion - a,
-            "mean_tbt": np.where(decodes > 0, tbt_sum / np.maximum(decodes, 1), np.nan),
-            "max_tbt": np.where(decodes > 0, tbt_max, np.nan),
+            "ttft": first_token - a, "e2e_latency": completion - a, "mean_tbt": mean_tbt, "max_tbt": max_tbt,
             "preemptions": preemptions, "restarts": restarts,
         }).sort_values("request_id", kind="stable").reset_index(drop=True)
+        kv_arr = np.array(it_kv, dtype=np.int64)
         iterations = pd.DataFrame({
-            "start": np.array(it_start, dtype=float), "duration": np.array(it_dur, dtype=float),
-            "batch_size": np.array(it_batch, dtype=np.int64), "prefill_tokens": np.array(it_prefill, dtype=np.int64),
-            "decode_tokens": np.array(it_decode, dtype=np.int64), "kv_tokens_in_use": np.array(it_kv, dtype=np.int64),
-            "capacity": M, "overflow": np.array(it_kv, dtype=np.int64) > M, "cleared": np.array(it_cleared, dtype=np.int64)})
+            "start": start, "duration": dur, "batch_size": np.array(it_batch, dtype=np.int64),
+            "prefill_tokens": np.array(it_prefill, dtype=np.int64), "decode_tokens": np.array(it_decode, dtype=np.int64),
+            "kv_tokens_in_use": kv_arr, "capacity": M, "overflow": over,
+            "cleared": np.array(it_cleared, dtype=np.int64)})
         return EngineResult(requests, iterations, status, message, clearing, M)
+
+    @staticmethod
+    def _tbt(state, o, completion, admit_stamp, p_round, done_round, start, dur, over, at_start):
+        """Time between tokens over a request's completing life: its tokens are stamped in its admission
+        round and each decode round after it (overflow rounds produce no token, so a gap spans them)."""
+        n = len(state)
+        mean_tbt = np.full(n, np.nan)
+        max_tbt = np.full(n, np.nan)
+        done = np.flatnonzero(state == DONE)
+        if not len(done):
+            return mean_tbt, max_tbt
+        mean_tbt[done] = (completion[done] - admit_stamp[done]) / o[done]
+        stamps = start if at_start else start + dur
+        token_rounds = np.flatnonzero(~over)
+        gaps = np.zeros(len(stamps))
+        gaps[token_rounds[1:]] = np.diff(stamps[token_rounds])
+        max_tbt[done] = _range_max(gaps, p_round[done] + 1, done_round[done])
+        return mean_tbt, max_tbt

@@ -17,7 +17,7 @@ def view(waiting_prompt, running_prompt=(), running_gen=(), capacity=100):
     return SchedulerView(round=0, time=0.0, capacity=capacity, waiting_ids=w, waiting_prompt=np.array(waiting_prompt),
                          waiting_predicted=np.ones(len(w), int), waiting_arrival=np.zeros(len(w)), running_ids=r,
                          running_prompt=np.array(running_prompt, int), running_generated=np.array(running_gen, int),
-                         running_predicted=np.ones(len(r), int))
+                         running_predicted=np.ones(len(r), int), running_arrival=np.zeros(len(r)))
 
 
 def test_admission_stops_at_first_prompt_over_budget():

@@ -208,3 +208,71 @@ def vidur_iteration_seconds(predictor, prefill_chunks, decode_contexts) -> float
     batch = Batch(ReplicaId(0), [None] * len(q), q, kv)
     stages = predictor._replica_config.num_pipeline_stages
     return float(sum(predictor.get_execution_time(batch, s).total_time for s in range(stages)))
+
+
+def run_vidur_simulator(arch: ModelArch, hw: HardwareSpec, files: ProfileFiles, settings: PredictorSettings,
+                        cache_dir: str, arrival, prompt, output, capacity_tokens: int, work_dir: str,
+                        max_tokens_in_batch: int, batch_size_cap: int = 1024, before_run=None) -> dict:
+    """Run Vidur's own event-driven simulator (vLLM replica scheduler) on the given requests, with the same
+    offline predictor kvstudy uses. For the benchmark in ``bench/vs_vidur.py``; returns timing facts.
+
+    Vidur's trace-replay generator reads Azure-style columns (Date, Time, PromptTokenCount,
+    CompletionTokenCount); the requests are written in that form with all scale factors 1.
+    """
+    import time
+
+    import pandas as pd
+    from vidur.config import (ClusterConfig, MetricsConfig, RoundRobinGlobalSchedulerConfig, SimulationConfig,
+                              TraceRequestGeneratorConfig, VllmSchedulerConfig)
+    from vidur.execution_time_predictor import ExecutionTimePredictorRegistry
+    from vidur.simulator import Simulator
+
+    trace = os.path.join(work_dir, "trace.csv")
+    pd.DataFrame({"Date": "2024-01-01", "Time": arrival, "PromptTokenCount": prompt,
+                  "CompletionTokenCount": output}).to_csv(trace, index=False)
+    predictor = make_predictor(arch, hw, files, settings, cache_dir)
+    started = time.perf_counter()
+    replica = ReplicaConfig(model_name=register_model(arch), num_pipeline_stages=hw.pipeline_parallel,
+                            tensor_parallel_size=hw.tensor_parallel, device=hw.device, network_device=hw.node)
+    cache = CacheConfig(block_size=settings.block_size, num_blocks=capacity_tokens // settings.block_size)
+    config = SimulationConfig(
+        seed=0,
+        cluster_config=ClusterConfig(num_replicas=1, replica_config=replica, cache_config=cache,
+                                     global_scheduler_config=RoundRobinGlobalSchedulerConfig(),
+                                     replica_scheduler_config=VllmSchedulerConfig(
+                                         batch_size_cap=batch_size_cap, max_tokens_in_batch=max_tokens_in_batch)),
+        request_generator_config=TraceRequestGeneratorConfig(
+            trace_file=trace, date="2024-01-01", prefill_scale_factor=1, decode_scale_factor=1, time_scale_factor=1,
+            max_tokens=int(max(prompt + output))),
+        execution_time_predictor_config=predictor._config,
+        metrics_config=MetricsConfig(output_dir=os.path.join(work_dir, "vidur_out"), write_metrics=False,
+                                     enable_chrome_trace=False, store_plots=False, store_request_metrics=False,
+                                     store_batch_metrics=False, store_utilization_metrics=False))
+    # Vidur's global scheduler builds its predictor through this registry; hand it the same offline one.
+    ExecutionTimePredictorRegistry.get = classmethod(lambda cls, *a, **k: predictor)
+    try:
+        simulator = Simulator(config)
+    finally:
+        del ExecutionTimePredictorRegistry.get  # back to the inherited BaseRegistry.get
+    # Vidur 0.0.26 bug: Request.restart() (vLLM recompute preemption) keeps the per-stage token counter, so the
+    # restarted request trips `assert _num_stage_processed_tokens <= total_tokens`. Reset it as restart intends.
+    from vidur.entities.request import Request as VidurRequest
+
+    stock_restart = VidurRequest.restart
+
+    def restart(self):
+        stock_restart(self)
+        self._num_stage_processed_tokens = 0
+        self._is_prefill_stage_complete = False
+
+    VidurRequest.restart = restart
+    setup_s = time.perf_counter() - started
+    if before_run is not None:
+        before_run()
+    started = time.perf_counter()
+    try:
+        simulator.run()
+    finally:
+        VidurRequest.restart = stock_restart
+    return {"setup_seconds": setup_s, "run_seconds": time.perf_counter() - started,
+            "simulated_seconds": float(simulator._time)}

@@ -12,30 +12,41 @@ under the ``oracle`` predictor).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 
 
-@dataclass
 class SchedulerView:
     """Read-only snapshot at the start of one iteration (round). Waiting arrays are in arrival order.
 
     ``running_generated`` is the number of decode rounds a running request has completed; in this
-    round it runs decode ``generated + 1`` and holds ``prompt + generated + 1`` KV tokens (Sec. 2).
+    round it runs decode ``generated + 1`` and holds ``prompt + generated + 1`` KV tokens (Sec. 2);
+    ``running_kv_tokens`` is their sum, the KV in use this round. The engine builds the arrays lazily:
+    a policy pays only for the fields it reads (``head_prompts(k)`` reads just the head of the queue).
     """
 
-    round: int
-    time: float
-    capacity: int
-    waiting_ids: np.ndarray
-    waiting_prompt: np.ndarray
-    waiting_predicted: np.ndarray
-    waiting_arrival: np.ndarray
-    running_ids: np.ndarray
-    running_prompt: np.ndarray
-    running_generated: np.ndarray
-    running_predicted: np.ndarray
+    ARRAYS = ("waiting_ids", "waiting_prompt", "waiting_predicted", "waiting_arrival", "running_ids",
+              "running_prompt", "running_generated", "running_predicted", "running_arrival")
+
+    def __init__(self, round: int, time: float, capacity: int, running_kv_tokens: Optional[int] = None,
+                 **arrays) -> None:
+        self.round, self.time, self.capacity = round, time, capacity
+        unknown = set(arrays) - set(self.ARRAYS)
+        if unknown:
+            raise TypeError(f"unknown view field(s) {sorted(unknown)}")
+        self.__dict__.update(arrays)
+        if running_kv_tokens is None:
+            running_kv_tokens = int((self.running_prompt + self.running_generated + 1).sum())
+        self.running_kv_tokens = int(running_kv_tokens)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting_ids)
+
+    def head_prompts(self, k: int) -> np.ndarray:
+        """Prompt lengths of the first ``k`` waiting requests (arrival order), without building the rest."""
+        return self.waiting_prompt[:k]
 
 
 class Policy:
@@ -56,7 +67,7 @@ class Policy:
         raise NotImplementedError
 
     def schedule(self, view: SchedulerView) -> np.ndarray:
-        if len(view.waiting_ids) == 0:
+        if view.num_waiting == 0:
             return np.empty(0, dtype=np.int64)
         return self.admit(view, self.order(view))
 

@@ -34,13 +34,44 @@ class AlphaProtection(Policy):
     def order(self, view: SchedulerView) -> np.ndarray:
         return fifo_order(view)
 
+    def schedule(self, view: SchedulerView) -> np.ndarray:
+        """FCFS: only the head of the queue matters, so read it in growing prefixes, not whole."""
+        budget = (1.0 - self.alpha) * view.capacity - view.running_kv_tokens
+        k, total = 8, view.num_waiting
+        if total == 0 or view.head_prompts(1)[0] + 1 > budget:  # the common case under load: nothing fits
+            return np.empty(0, dtype=np.int64)
+        while True:
+            need = np.cumsum(view.head_prompts(k) + 1)
+            taken = int(np.searchsorted(need, budget, side="right"))
+            if taken < len(need) or k >= total:
+                return np.arange(taken)
+            k *= 4
+
     def admit(self, view: SchedulerView, order: np.ndarray) -> np.ndarray:
-        budget = (1.0 - self.alpha) * view.capacity
-        used = int((view.running_prompt + view.running_generated + 1).sum())
-        need = np.cumsum(view.waiting_prompt[order] + 1) + used
+        budget = (1.0 - self.alpha) * view.capacity - view.running_kv_tokens
+        need = np.cumsum(view.waiting_prompt[order] + 1)
         return order[: int(np.searchsorted(need, budget, side="right"))]
 
     def on_overflow(self, view: SchedulerView) -> np.ndarray:
         if self.beta is None:
             return np.arange(len(view.running_ids))
         return np.flatnonzero(self._rng.random(len(view.running_ids)) < self.beta)
+
+
+class FCFSWatermark(AlphaProtection):
+    """vLLM-like: FCFS admission while KV use stays below (1 - watermark) M, and on an overflow recompute
+    preemption of the most recently arrived running requests until the rest fit (vLLM's default preemption
+    order; Kwon et al. 2023, Sec. 4.5). kvstudy's closest equivalent of Vidur's vLLM replica scheduler."""
+
+    name = "fcfs_watermark"
+
+    def __init__(self, watermark: float = 0.01) -> None:
+        super().__init__(alpha=watermark)
+        self.name = "fcfs_watermark"
+
+    def on_overflow(self, view: SchedulerView) -> np.ndarray:
+        need = view.running_prompt + view.running_generated + 1
+        newest_first = np.lexsort((-view.running_ids, -view.running_arrival))
+        freed = np.cumsum(need[newest_first])
+        excess = int(need.sum()) - view.capacity
+        return newest_first[: int(np.searchsorted(freed, excess, side="left")) + 1]

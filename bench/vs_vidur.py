@@ -7,8 +7,8 @@ kvstudy runs its closest equivalent of Vidur's vLLM replica scheduler, policy ``
 admission under a 1% memory watermark (Vidur's watermark_blocks_fraction) and recompute preemption of the
 newest running requests on overflow. Vidur runs its vLLM replica scheduler (FCFS, block allocation, recompute preemption) with
 num_blocks = M / 16, batch cap 1,024 and max tokens per batch M. Each measurement runs in its own
-process; peak memory is the growth of the resident-set high-water mark during the simulation
-(VmHWM reset after set-up) and the process's total peak.
+process; peak memory is the process's resident-set high-water mark (VmHWM), set-up included (both
+load the same predictor tables; Vidur's also holds its prediction dicts and simulator entities).
 """
 import json
 import os
@@ -125,7 +125,7 @@ def main():
             ok = [t for t in tries if t.get("run_seconds")]
             rows.append(min(ok, key=lambda t: t["run_seconds"]) if ok else tries[0])
             print(json.dumps(rows[-1]), flush=True)
-    print("\n| workload | requests | kvstudy run s | Vidur run s | speed-up | kvstudy peak MB (growth) | Vidur peak MB (growth) |")
+    print("\n| workload | requests | kvstudy run s | Vidur run s | speed-up | kvstudy peak RSS MB | Vidur peak RSS MB |")
     print("|---|---|---|---|---|---|---|")
     for workload, n in plan:
         k = next(r for r in rows if r["engine"] == "kvstudy" and r["workload"] == workload and r["n"] == n)
@@ -133,8 +133,7 @@ def main():
         ratio = v["run_seconds"] / k["run_seconds"] if k.get("run_seconds") and v.get("run_seconds") else None
         fmt = lambda x, f="{:.2f}": f.format(x) if isinstance(x, (int, float)) else str(x)
         print(f"| {workload} | {n} | {fmt(k.get('run_seconds'))} | {fmt(v.get('run_seconds') or v.get('note'))} | "
-              f"{fmt(ratio, '{:.1f}x')} | {fmt(k.get('run_peak_mb'), '{:.0f}')} ({fmt(k.get('run_growth_mb'), '{:.0f}')}) | "
-              f"{fmt(v.get('run_peak_mb'), '{:.0f}')} ({fmt(v.get('run_growth_mb'), '{:.0f}')}) |")
+              f"{fmt(ratio, '{:.1f}x')} | {fmt(k.get('run_peak_mb'), '{:.0f}')} | {fmt(v.get('run_peak_mb'), '{:.0f}')} |")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ def main(argv):
     hw = api.hardware_spec(cfg)
     capacity = resolve_capacity(cfg.memory.capacity_tokens, arch, hw)
     t0 = time.perf_counter()
-    cold = api.build_latency(cfg, arch, hw, capacity)
+    api.build_latency(cfg, arch, hw, capacity)  # cold: trains Vidur's predictor into the empty cache
     cold_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     warm = api.build_latency(cfg, arch, hw, capacity)

@@ -7,9 +7,9 @@ by the iterations it ran (engine + policy + latency lookup), best of three.
 import sys
 import time
 
+import numpy as np
+
 from kvstudy import api
-from kvstudy.arch import ModelArch
-from kvstudy.capacity import resolve_capacity
 from kvstudy.engine import Engine
 
 
@@ -18,11 +18,7 @@ def main(extra):
     print("|---|---|---|---|---|")
     for name in api.options("policy"):
         cfg = api.compose([f"+policy={name}", "+demand=high", "engine.progress=false"] + extra)
-        arch = ModelArch.from_mapping(api._plain(cfg.model))
-        hw = api.hardware_spec(cfg)
-        capacity = resolve_capacity(cfg.memory.capacity_tokens, arch, hw)
-        latency = api.build_latency(cfg, arch, hw, capacity)
-        import numpy as np
+        arch, hw, capacity, latency = api.model_setup(cfg)
 
         requests, predicted = api.build_requests(cfg, arch, np.random.SeedSequence(int(cfg.seed)))
         best = None

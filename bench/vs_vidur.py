@@ -11,7 +11,6 @@ process; peak memory is the process's resident-set high-water mark (VmHWM), set-
 load the same predictor tables; Vidur's also holds its prediction dicts and simulator entities).
 """
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -51,14 +50,11 @@ def _status_mb(key):
 
 def one(engine: str, workload: str, n: int) -> dict:
     from kvstudy import api
-    from kvstudy.arch import ModelArch
     from kvstudy.latency.models import profile_files
 
     arrival, prompt, output = requests(workload, n)
-    cfg = api.compose(["+policy=fcfs_watermark", "engine.progress=false"])
-    arch = ModelArch.from_mapping(api._plain(cfg.model))
-    hw = api.hardware_spec(cfg)
-    latency = api.build_latency(cfg, arch, hw, CAPACITY)
+    cfg = api.compose(["+policy=fcfs_watermark", "engine.progress=false", f"memory.capacity_tokens={CAPACITY}"])
+    arch, hw, _, latency = api.model_setup(cfg)
     if engine == "kvstudy":
         from kvstudy.engine import Engine
         from kvstudy.workloads.requests import make_requests

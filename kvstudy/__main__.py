@@ -49,14 +49,13 @@ def check_group_choices(argv) -> None:
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     from kvstudy import api
-    from kvstudy.errors import KvStudyError
+    from kvstudy.errors import KvStudyError, report
 
     folder = HydraConfig.get().runtime.output_dir
     try:
         summary = api.run(cfg, folder)
     except KvStudyError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(report(exc))
     if summary.get("skipped"):
         print(f"complete already, skipped: {folder}")
         return

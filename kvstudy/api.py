@@ -101,14 +101,20 @@ def build_requests(cfg: DictConfig, arch: ModelArch, seed_seq: np.random.SeedSeq
     return requests, predicted
 
 
-def simulate(cfg: DictConfig) -> Tuple[EngineResult, dict]:
-    """Run one configuration in memory; returns the engine result and its summary."""
-    started = time.perf_counter()
-    policy = build_policy(cfg)
+def model_setup(cfg: DictConfig, latency: bool = True):
+    """The config's model, hardware, KV capacity in tokens and (if ``latency``) latency model."""
     arch = ModelArch.from_mapping(_plain(cfg.model))
     hw = hardware_spec(cfg)
     arch.check_tensor_parallel(hw.tensor_parallel)
     capacity = resolve_capacity(cfg.memory.capacity_tokens, arch, hw)
+    return arch, hw, capacity, (build_latency(cfg, arch, hw, capacity) if latency else None)
+
+
+def simulate(cfg: DictConfig) -> Tuple[EngineResult, dict]:
+    """Run one configuration in memory; returns the engine result and its summary."""
+    started = time.perf_counter()
+    policy = build_policy(cfg)
+    arch, hw, capacity, _ = model_setup(cfg, latency=False)
     seed = int(cfg.seed)
     requests, predicted = build_requests(cfg, arch, np.random.SeedSequence(seed))
     too_long = np.flatnonzero(requests.prompt_tokens > arch.max_model_len)

@@ -29,6 +29,7 @@ import numpy as np
 from sklearn.linear_model import LinearRegression
 
 from kvstudy.arch import ModelArch
+from kvstudy.errors import cli_entry
 from kvstudy.latency.tables import HardwareSpec
 
 PCIE_EFFICIENCY = 0.8
@@ -131,9 +132,9 @@ def _describe_spot(cost: PreemptionCost, horizon: int) -> str:
     return f"none: {cost.choose(16)} is cheaper at every length from 16 to {horizon} tokens"
 
 
+@cli_entry
 def main(argv=None) -> int:
     from kvstudy import api
-    from kvstudy.errors import KvStudyError
 
     argv = list(sys.argv[1:] if argv is None else argv)
     out = Path("outputs/preemption_cost")
@@ -141,20 +142,10 @@ def main(argv=None) -> int:
         if arg.startswith("out="):
             out = Path(arg.split("=", 1)[1])
             argv.remove(arg)
-    try:
-        cfg = api.compose(argv)
-        arch = ModelArch.from_mapping(api._plain(cfg.model))
-        hw = api.hardware_spec(cfg)
-        from kvstudy.capacity import resolve_capacity
-
-        capacity = resolve_capacity(cfg.memory.capacity_tokens, arch, hw)
-        latency = api.build_latency(cfg, arch, hw, capacity)
-        max_tokens = min(8192, capacity)
-        sizes, rec, swp = measure(latency, arch, hw, max_tokens, arch.max_model_len)
-        cost = fit(sizes, rec, swp)
-    except KvStudyError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    arch, hw, capacity, latency = api.model_setup(api.compose(argv))
+    max_tokens = min(8192, capacity)
+    sizes, rec, swp = measure(latency, arch, hw, max_tokens, arch.max_model_len)
+    cost = fit(sizes, rec, swp)
     name = f"{arch.name}_{hw.name}"
     plot(sizes, rec, swp, cost, f"{arch.name} on {hw.name}", out / f"{name}.png")
     print(f"{name}: L_r(S) = {cost.alpha_r:.3g} S^{cost.beta_r:.2f} + {cost.kappa_r:.3g} S + {cost.eps_r:.3g}; "

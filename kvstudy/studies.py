@@ -18,7 +18,7 @@ from typing import List
 import numpy as np
 
 from kvstudy import api
-from kvstudy.errors import KvStudyError
+from kvstudy.errors import cli_entry
 
 
 def alpha_search(overrides: List[str], start: float = 0.01, stop: float = 0.5, step: float = 0.01):
@@ -32,6 +32,7 @@ def alpha_search(overrides: List[str], start: float = 0.01, stop: float = 0.5, s
     return rows
 
 
+@cli_entry
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] != "alpha-search":
@@ -44,12 +45,8 @@ def main(argv=None) -> int:
             out_dir = Path(arg.split("=", 1)[1])
         else:
             overrides.append(arg)
-    try:
-        rows = alpha_search(overrides)
-        demand = api.compose(["+policy=alpha_greedy"] + overrides).get("demand")
-    except KvStudyError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    rows = alpha_search(overrides)
+    demand = api.compose(["+policy=alpha_greedy"] + overrides).get("demand")
     for alpha, status, clearing, mean in rows:
         print(f"alpha={alpha:.2f}  {status:12s} clearing events {clearing:4d}  mean e2e {mean if mean is None else round(mean, 2)}")
     done = [r for r in rows if r[1] == "completed"]

@@ -1,13 +1,12 @@
 """Bad input ends in one clear line naming the field or file and what is allowed."""
 import shutil
-import warnings
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from kvstudy import api
-from kvstudy.errors import ConfigError, DataError, KvStudyError
+from kvstudy.errors import ConfigError, DataError
 
 FAST = ["latency=linear", "engine.progress=false", "workload.num_requests=20"]
 

@@ -1,6 +1,5 @@
 """Notebooks execute headless against small sweeps produced here (the CI small-volume variant), and
 committed notebooks carry no outputs."""
-import os
 import subprocess
 import sys
 

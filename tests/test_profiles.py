@@ -2,9 +2,7 @@
 import json
 import shutil
 
-import numpy as np
 import pandas as pd
-import pytest
 
 from kvstudy.paths import CALIBRATION_FILE, PROFILES_DIR, SHARED_REFERENCE, load_model_arch
 from kvstudy.profiles.builder import build_model, build_network

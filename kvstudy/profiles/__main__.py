@@ -6,10 +6,11 @@ import json
 import sys
 from pathlib import Path
 
-from kvstudy.errors import KvStudyError
+from kvstudy.errors import cli_entry
 from kvstudy.paths import CALIBRATION_FILE, CONF_DIR, PROFILES_DIR, SHARED_REFERENCE, load_model_arch
 
 
+@cli_entry
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kvstudy.profiles", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -21,27 +22,23 @@ def main(argv=None) -> int:
     build.add_argument("--models", nargs="*", default=None, help="model config names (default: all)")
     build.add_argument("--calibration", type=Path, default=CALIBRATION_FILE)
     args = parser.parse_args(argv)
-    try:
-        if args.command == "calibrate":
-            from kvstudy.profiles.calibration import write_calibration
+    if args.command == "calibrate":
+        from kvstudy.profiles.calibration import write_calibration
 
-            result = write_calibration(args.vidur_data, args.out)
-            print(json.dumps(result["mlp_errors"], indent=1))
-            print(f"wrote {args.out}")
-        else:
-            from kvstudy.profiles.builder import build_model, build_network
-            from kvstudy.profiles.calibration import load_calibration
+        result = write_calibration(args.vidur_data, args.out)
+        print(json.dumps(result["mlp_errors"], indent=1))
+        print(f"wrote {args.out}")
+        return 0
+    from kvstudy.profiles.builder import build_model, build_network
+    from kvstudy.profiles.calibration import load_calibration
 
-            calib = load_calibration(args.calibration)
-            names = args.models or sorted(p.stem for p in (CONF_DIR / "model").glob("*.yaml"))
-            for name in names:
-                for path in build_model(load_model_arch(name), calib, args.out):
-                    print(f"wrote {path}")
-            for path in build_network(calib, args.out):
-                print(f"wrote {path}")
-    except KvStudyError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    calib = load_calibration(args.calibration)
+    names = args.models or sorted(p.stem for p in (CONF_DIR / "model").glob("*.yaml"))
+    for name in names:
+        for path in build_model(load_model_arch(name), calib, args.out):
+            print(f"wrote {path}")
+    for path in build_network(calib, args.out):
+        print(f"wrote {path}")
     return 0
 
 

@@ -1,0 +1,76 @@
+"""Hindsight optimum: the IP matches exhaustive search, every schedule passes the independent checker,
+time-limited runs are never called optimal, bounds are valid, Theorem 4.1's instance forces growth."""
+import numpy as np
+import pytest
+
+from kvstudy.errors import DataError
+from kvstudy.optimum.adversary import ratio_lower_bound
+from kvstudy.optimum.bounds import volume_bound
+from kvstudy.optimum.checker import InfeasibleSchedule, check
+from kvstudy.optimum.instance import Instance, synthetic
+from kvstudy.optimum.ip import brute_force, solve
+from kvstudy.optimum.online import starts
+from kvstudy.policies.mcsf import MCSF
+
+
+def test_unservable_request_is_rejected_by_name():
+    with pytest.raises(DataError, match=r"request 1 needs s \+ o = 5 \+ 8 = 13 KV tokens .* more than M = 12"):
+        Instance(np.zeros(2, int), np.array([2, 5]), np.array([3, 8]), 12)
+
+
+def test_checker_catches_violations():
+    inst = Instance(np.array([0, 2]), np.array([3, 3]), np.array([4, 4]), 10)
+    assert check(inst, [0, 4]) == 4 + (4 + 4 - 2)
+    with pytest.raises(InfeasibleSchedule, match="before its arrival"):
+        check(inst, [0, 1])
+    with pytest.raises(InfeasibleSchedule, match=r"round \d+ uses \d+ tokens > M = 10"):
+        check(inst, [0, 2])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_ip_matches_exhaustive_search_on_tiny_instances(seed):
+    rng = np.random.default_rng(seed)
+    M = int(rng.integers(6, 10))
+    n = 3
+    s = rng.integers(1, 3, n)
+    o = np.array([rng.integers(1, M - si + 1) for si in s])
+    a = np.sort(rng.integers(0, 3, n))
+    inst = Instance(a, s, o, M)
+    warm = starts(inst, MCSF())
+    res = solve(inst, warm_start=warm, time_limit=30)
+    assert res.proven_optimal
+    assert res.objective == brute_force(inst) == check(inst, res.start)
+    assert res.objective <= check(inst, warm)
+    assert volume_bound(inst) <= res.objective + 1e-9
+
+
+def test_issue_counterexample_optimum_is_312():
+    inst = Instance(np.zeros(7, int), np.array([4, 5, 3, 4, 5, 2, 1]), np.array([14, 13, 41, 42, 1, 24, 40]), 49)
+    res = solve(inst, warm_start=starts(inst, MCSF()), time_limit=120)
+    assert res.proven_optimal and res.objective == 312
+    assert int((res.start + inst.output).max()) == 123
+
+
+def test_time_limit_is_reported_never_optimal():
+    inst = synthetic(1, np.random.default_rng(0))
+    warm = starts(inst, MCSF())
+    res = solve(inst, warm_start=warm, time_limit=1.0)
+    assert res.status == "time_limit" and not res.proven_optimal
+    assert res.bound <= res.objective <= check(inst, warm)
+    assert 0 < res.gap < 1
+
+
+def test_synthetic_generators_follow_section_5_1():
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        one = synthetic(1, rng)
+        assert 30 <= one.capacity <= 50 and 40 <= one.n <= 60 and (one.arrival == 0).all()
+        assert one.prompt.min() >= 1 and one.prompt.max() <= 5 and (one.output <= one.capacity - one.prompt).all()
+        two = synthetic(2, rng)
+        assert two.arrival.max() < 60 and np.all(np.diff(two.arrival) >= 0)
+
+
+def test_theorem_4_1_ratio_grows():
+    rows = [ratio_lower_bound(MCSF, M) for M in (64, 256, 1024)]
+    ratios = [r["ratio_at_least"] for r in rows]
+    assert ratios[0] < ratios[1] < ratios[2] and ratios[2] > 3

@@ -19,6 +19,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from kvstudy.arch import ModelArch
+from kvstudy.atomic import write_text_atomic
 from kvstudy.capacity import resolve_capacity
 from kvstudy.engine import Engine, EngineResult
 from kvstudy.errors import ConfigError
@@ -151,18 +152,9 @@ def run(cfg: DictConfig, out_dir, resume: bool = True) -> dict:
         raise ConfigError(f"{out} already holds a finished run of a different config; choose another hydra.run.dir")
     result, summary = simulate(cfg)
     out.mkdir(parents=True, exist_ok=True)
-    _write_text_atomic(config_file, resolved)
+    write_text_atomic(config_file, resolved)
     write_run(out, result, summary)
     return summary
-
-
-def _write_text_atomic(path: Path, text: str) -> None:
-    from kvstudy.outputs import _atomic
-
-    def write(tmp: str) -> None:
-        Path(tmp).write_text(text)
-
-    _atomic(path, write)
 
 
 @dataclass

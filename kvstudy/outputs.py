@@ -6,28 +6,13 @@ written to a temporary name and renamed, so a killed run never leaves a file tha
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pandas as pd
 
+from kvstudy.atomic import write_atomic, write_text_atomic
 from kvstudy.engine import EngineResult
-
-
-def _atomic(path: Path, write: Callable[[str], None]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def _stats(values: pd.Series) -> dict:
@@ -71,15 +56,9 @@ def summarize(result: EngineResult) -> dict:
 
 def write_run(folder: Path, result: EngineResult, summary: dict) -> None:
     folder = Path(folder)
-    _atomic(folder / "requests.parquet", lambda p: result.requests.to_parquet(p, index=False))
-    _atomic(folder / "iterations.parquet", lambda p: result.iterations.to_parquet(p, index=False))
-
-    def dump(p: str) -> None:
-        with open(p, "w") as fh:
-            json.dump(summary, fh, indent=1, default=str)
-            fh.write("\n")
-
-    _atomic(folder / "summary.json", dump)
+    write_atomic(folder / "requests.parquet", lambda p: result.requests.to_parquet(p, index=False))
+    write_atomic(folder / "iterations.parquet", lambda p: result.iterations.to_parquet(p, index=False))
+    write_text_atomic(folder / "summary.json", json.dumps(summary, indent=1, default=str) + "\n")
 
 
 def is_complete(folder: Path) -> bool:

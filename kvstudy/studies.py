@@ -18,6 +18,7 @@ from typing import List
 import numpy as np
 
 from kvstudy import api
+from kvstudy.atomic import write_text_atomic
 from kvstudy.errors import cli_entry
 
 
@@ -54,10 +55,7 @@ def main(argv=None) -> int:
     name = demand.name if demand is not None else "trace"
     record = {"overrides": overrides, "smallest_terminating_alpha": done[0][0] if done else None,
               "rows": [{"alpha": a, "status": st, "clearing_events": c, "mean_e2e": m} for a, st, c, m in rows]}
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir / f".{name}.json.tmp"
-    tmp.write_text(json.dumps(record, indent=1) + "\n")
-    tmp.replace(out_dir / f"{name}.json")
+    write_text_atomic(out_dir / f"{name}.json", json.dumps(record, indent=1) + "\n")
     print(f"wrote {out_dir / (name + '.json')}")
     return 0
 

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
+from kvstudy.atomic import write_atomic
 from kvstudy.errors import DataError, OutOfRangeError
 
 TABLES_VERSION = 1
@@ -166,16 +165,16 @@ class VidurTables:
 
     def save(self, path: Path) -> None:
         """Atomic: a concurrent reader sees the old file or the complete new one."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".npz.tmp")
-        with os.fdopen(fd, "wb") as fh:
-            np.savez_compressed(fh, per_token_ms=self.per_token_ms, decode_ms=self.decode_ms,
-                                prefill_ms=self.prefill_ms, send_recv_ms=self.send_recv_ms,
-                                meta=np.array(json.dumps({
-                                    "layers_per_stage": self.layers_per_stage, "stages": self.stages,
-                                    "kv_granularity": self.kv_granularity, "decode_overhead": self.decode_overhead,
-                                    "cv_mape_pct": self.cv_mape_pct})))
-        os.replace(tmp, path)
+        meta = json.dumps({"layers_per_stage": self.layers_per_stage, "stages": self.stages,
+                           "kv_granularity": self.kv_granularity, "decode_overhead": self.decode_overhead,
+                           "cv_mape_pct": self.cv_mape_pct})
+
+        def write(tmp: str) -> None:
+            with open(tmp, "wb") as fh:  # a file object: savez would append ".npz" to a bare path
+                np.savez_compressed(fh, per_token_ms=self.per_token_ms, decode_ms=self.decode_ms,
+                                    prefill_ms=self.prefill_ms, send_recv_ms=self.send_recv_ms, meta=np.array(meta))
+
+        write_atomic(Path(path), write)
 
     @classmethod
     def load(cls, path: Path) -> Optional["VidurTables"]:

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from kvstudy.atomic import write_atomic
 from kvstudy.errors import cli_entry
 
 
@@ -72,10 +73,7 @@ def main(argv=None) -> int:
         return 0
     df = study(args.model, args.trials, args.time_limit, args.seed)
     out = args.out or Path(f"outputs/optimum/model{args.model}.parquet")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
-    df.to_parquet(tmp, index=False)
-    tmp.replace(out)
+    write_atomic(out, lambda tmp: df.to_parquet(tmp, index=False))
     proven = df["proven_optimal"]
     print(f"proven optimal: {int(proven.sum())} of {len(df)}; solve time total {df['seconds'].sum():.0f} s, "
           f"median {df['seconds'].median():.1f} s")

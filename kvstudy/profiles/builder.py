@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from kvstudy.arch import ModelArch
+from kvstudy.atomic import write_atomic
 from kvstudy.errors import ConfigError
 from kvstudy.profiles import gpu_model as gm
 from kvstudy.profiles.calibration import op_times_from_calibration
@@ -119,10 +120,7 @@ def network_profiles(calib: Dict, node: str) -> Dict[str, pd.DataFrame]:
 
 
 def write_csv(df: pd.DataFrame, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".csv.tmp")
-    df.to_csv(tmp, index=False, float_format=FLOAT_FORMAT, lineterminator="\n")
-    tmp.replace(path)
+    write_atomic(path, lambda tmp: df.to_csv(tmp, index=False, float_format=FLOAT_FORMAT, lineterminator="\n"))
 
 
 def build_model(arch: ModelArch, calib: Dict, root: Path, tps: Iterable[int] = TP_SIZES) -> List[Path]:

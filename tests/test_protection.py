@@ -79,3 +79,14 @@ def test_conformance_determinism_and_pickling(beta):
     a = run(AlphaProtection(0.05, beta), prompt, output, capacity=60).requests
     b = run(pickle.loads(pickle.dumps(AlphaProtection(0.05, beta))), prompt, output, capacity=60).requests
     assert a.equals(b)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_fcfs_fast_path_equals_general_admission(seed):
+    rng = np.random.default_rng(seed)
+    waiting = rng.integers(1, 60, rng.integers(0, 300))
+    v = view(list(waiting), running_prompt=list(rng.integers(1, 50, 5)), running_gen=list(rng.integers(0, 30, 5)),
+             capacity=int(rng.integers(200, 3000)))
+    p = AlphaProtection(alpha=float(rng.uniform(0, 0.5)))
+    p.reset(0)
+    assert np.array_equal(p.schedule(v), p.admit(v, p.order(v)))

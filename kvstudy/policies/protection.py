@@ -35,7 +35,8 @@ class AlphaProtection(Policy):
         return fifo_order(view)
 
     def schedule(self, view: SchedulerView) -> np.ndarray:
-        """FCFS: only the head of the queue matters, so read it in growing prefixes, not whole."""
+        """Same decision as ``admit(view, order(view))`` (a test pins this), computed the fast way: under
+        FCFS only the head of the queue matters, so it is read in growing prefixes, not whole."""
         budget = (1.0 - self.alpha) * view.capacity - view.running_kv_tokens
         k, total = 8, view.num_waiting
         if total == 0 or view.head_prompts(1)[0] + 1 > budget:  # the common case under load: nothing fits

@@ -32,6 +32,9 @@ def small_results(tmp_path_factory):
     for demand in ("high", "low"):
         run(["kvstudy.studies", "alpha-search", f"+demand={demand}", "workload.num_requests=150",
              f"out={root / 'alpha_search'}"])
+    for model in (1, 2):
+        run(["kvstudy.optimum", "study", "--model", str(model), "--trials", "2", "--time-limit", "1",
+             "--out", str(root / "optimum" / f"model{model}.parquet")])
     return root
 
 
@@ -52,5 +55,5 @@ def test_notebook_executes(path, small_results, monkeypatch):
     nb = nbformat.read(path, as_version=4)
     NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
     text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
-    assert "no results at" not in text, text[:2000]
+    assert "no results at" not in text and "no " + str(small_results) not in text, text[:2000]
     assert any((small_results / "figures").glob("*.png"))

@@ -37,11 +37,6 @@ def requests(workload: str, n: int):
     return poisson(n, 10.0, rng), lengths.prompt_tokens.to_numpy(), lengths.output_tokens.to_numpy()
 
 
-def _reset_hwm():
-    with open("/proc/self/clear_refs", "w") as fh:
-        fh.write("5")
-
-
 def _status_mb(key):
     for line in open("/proc/self/status"):
         if line.startswith(key):
@@ -63,8 +58,6 @@ def one(engine: str, workload: str, n: int) -> dict:
         policy = api.build_policy(cfg)
         policy.reset(0)
         eng = Engine(req, req.output_tokens, policy, latency, CAPACITY)
-        _reset_hwm()
-        rss0 = _status_mb("VmRSS")
         t0 = time.perf_counter()
         res = eng.run()
         run_s = time.perf_counter() - t0
@@ -73,26 +66,14 @@ def one(engine: str, workload: str, n: int) -> dict:
                "simulated_seconds": float((it.start + it.duration).max())}
     else:
         from kvstudy.latency import vidur_adapter
-        from kvstudy.latency.tables import PredictorSettings
-        import os as _os
+        from kvstudy.latency.models import vidur_cache_folder
 
-        s = latency.info["settings"]
-        settings = PredictorSettings(**{k: tuple(v) if isinstance(v, list) else v for k, v in s.items()})
-        folder = _os.path.join(_os.environ.get("KVSTUDY_CACHE_DIR", _os.path.expanduser("~/.cache/kvstudy")),
-                               "vidur", latency.info["cache_key"], "vidur")
+        folder = str(vidur_cache_folder(latency.info["cache_key"]) / "vidur")
         with tempfile.TemporaryDirectory() as work:
             files = profile_files(arch, hw)
-            marks = {}
-
-            def before_run():
-                _reset_hwm()
-                marks["rss0"] = _status_mb("VmRSS")
-
-            out = vidur_adapter.run_vidur_simulator(arch, hw, files, settings, folder, arrival, prompt, output,
-                                                    CAPACITY, work, max_tokens_in_batch=CAPACITY, before_run=before_run)
-            rss0 = marks["rss0"]
+            out = vidur_adapter.run_vidur_simulator(arch, hw, files, latency.settings, folder, arrival, prompt, output,
+                                                    CAPACITY, work, max_tokens_in_batch=CAPACITY)
     out["run_peak_mb"] = _status_mb("VmHWM")
-    out["run_growth_mb"] = out["run_peak_mb"] - rss0
     out.update(engine=engine, workload=workload, n=n)
     return out
 

@@ -46,6 +46,9 @@ from kvstudy.policies.base import Policy, SchedulerView
 from kvstudy.workloads.requests import Requests
 
 FUTURE, WAITING, RUNNING, DONE, REJECTED = 0, 1, 2, 3, 4
+#: One row of iterations.parquet per iteration, recorded as a tuple in this order.
+ITERATION_COLUMNS = ("start", "duration", "batch_size", "prefill_tokens", "decode_tokens", "kv_tokens_in_use",
+                     "overflow", "cleared")
 
 
 class PolicyError(KvStudyError):
@@ -163,10 +166,14 @@ class Engine:
         done_round = np.full(n, -1, dtype=np.int64)
         preemptions = np.zeros(n, dtype=np.int64)
         restarts = np.zeros(n, dtype=np.int64)
-        it_start, it_dur, it_batch, it_prefill, it_decode, it_kv, it_cleared, it_over = ([] for _ in range(8))
+        log = []  # one ITERATION_COLUMNS tuple per iteration
         at_start = bool(getattr(self.latency, "stamps_at_start", False))
         name = getattr(self.policy, "name", type(self.policy).__name__)
         iteration_seconds = self.latency.iteration_seconds
+
+        def arrival_clock(i: int) -> float:
+            """When the idle engine next has work: request i's arrival (a whole round under ``unit``)."""
+            return float(math.ceil(a[i])) if at_start else float(a[i])
         waiting: List[int] = []
         running: dict = {}  # insertion-ordered set of running requests
         finish_at: dict = {}  # round -> requests whose last decode is in that round
@@ -187,7 +194,7 @@ class Engine:
             if not waiting and not running:
                 if nxt >= n:
                     break
-                t = float(math.ceil(a[nxt])) if at_start else float(a[nxt])
+                t = arrival_clock(nxt)
                 continue
             if rnd >= self.max_iterations:
                 status, message = "max_iterations", f"stopped after {rnd} iterations (engine.max_iterations)"
@@ -200,14 +207,7 @@ class Engine:
                 dt = 0.0
                 if self.overflow_cost == "batch":
                     dt = float(iteration_seconds([], len(run_arr), kv - len(run_arr)))
-                it_start.append(t)
-                it_dur.append(dt)
-                it_batch.append(len(run_arr))
-                it_prefill.append(0)
-                it_decode.append(0)
-                it_kv.append(kv)
-                it_cleared.append(len(victims))
-                it_over.append(True)
+                log.append((t, dt, len(run_arr), 0, 0, kv, True, len(victims)))
                 kv -= int((s[victims] + rnd - p_round[victims]).sum())
                 for i in victims.tolist():
                     del running[i]
@@ -250,7 +250,7 @@ class Engine:
                     waiting = [w for k, w in enumerate(waiting) if k not in drop]
             elif not running:
                 if nxt < n:
-                    t = float(math.ceil(a[nxt])) if at_start else max(t, float(a[nxt]))
+                    t = arrival_clock(nxt)  # not arrived yet, so later than t
                     continue
                 status = "stalled"
                 first = int(r.request_id[waiting[0]])
@@ -263,14 +263,7 @@ class Engine:
             dt = float(iteration_seconds(chunks, num_running, kv - num_running))
             stamp = t if at_start else t + dt
             prefill = sum(c for c, _ in chunks)
-            it_start.append(t)
-            it_dur.append(dt)
-            it_batch.append(num_running + len(admitted))
-            it_prefill.append(prefill)
-            it_decode.append(num_running)
-            it_kv.append(kv)
-            it_cleared.append(0)
-            it_over.append(False)
+            log.append((t, dt, num_running + len(admitted), prefill, num_running, kv, False, 0))
             finished = [i for i in finish_at.pop(rnd, ()) if state[i] == RUNNING and p_round[i] + o_list[i] == rnd]
             freed = 0
             for i in finished:
@@ -303,9 +296,11 @@ class Engine:
             bar.close()
         if status == "completed" and (state == REJECTED).any():
             message = f"{int((state == REJECTED).sum())} request(s) rejected: prompt + output exceeds capacity {M}"
-        start = np.array(it_start, dtype=float)
-        dur = np.array(it_dur, dtype=float)
-        over = np.array(it_over, dtype=bool)
+        iterations = pd.DataFrame.from_records(log, columns=ITERATION_COLUMNS).astype(
+            {"start": float, "duration": float, "batch_size": np.int64, "prefill_tokens": np.int64,
+             "decode_tokens": np.int64, "kv_tokens_in_use": np.int64, "cleared": np.int64, "overflow": bool})
+        iterations.insert(6, "capacity", M)
+        start, dur, over = (iterations[c].to_numpy() for c in ("start", "duration", "overflow"))
         mean_tbt, max_tbt = self._tbt(state, o, completion, admit_stamp, p_round, done_round, start, dur, over,
                                       at_start)
         states = np.array(["future", "waiting", "running", "done", "rejected"])[state]
@@ -316,12 +311,6 @@ class Engine:
             "ttft": first_token - a, "e2e_latency": completion - a, "mean_tbt": mean_tbt, "max_tbt": max_tbt,
             "preemptions": preemptions, "restarts": restarts,
         }).sort_values("request_id", kind="stable").reset_index(drop=True)
-        kv_arr = np.array(it_kv, dtype=np.int64)
-        iterations = pd.DataFrame({
-            "start": start, "duration": dur, "batch_size": np.array(it_batch, dtype=np.int64),
-            "prefill_tokens": np.array(it_prefill, dtype=np.int64), "decode_tokens": np.array(it_decode, dtype=np.int64),
-            "kv_tokens_in_use": kv_arr, "capacity": M, "overflow": over,
-            "cleared": np.array(it_cleared, dtype=np.int64)})
         return EngineResult(requests, iterations, status, message, clearing, M)
 
     @staticmethod

@@ -1,11 +1,10 @@
 """Latency models: Vidur's tables answer exactly what Vidur's own predictor answers; offline; cached."""
-import os
 
 import numpy as np
 import pytest
 
 from kvstudy.errors import OutOfRangeError
-from kvstudy.latency.models import LinearLatency, UnitLatency, vidur
+from kvstudy.latency.models import LinearLatency, UnitLatency, vidur, vidur_cache_folder
 from kvstudy.latency.tables import HardwareSpec, VidurTables
 from kvstudy.paths import load_model_arch
 
@@ -22,14 +21,11 @@ def test_tables_match_vidur_get_execution_time(llama_tp2_latency):
     """Random batches: kvstudy's array lookup equals vidur.get_execution_time(Batch).total_time."""
     from kvstudy.latency import vidur_adapter
 
-    arch = load_model_arch("llama2_70b")
-    settings_kw = {k: v for k, v in llama_tp2_latency.info["settings"].items()}
     from kvstudy.latency.models import profile_files
-    from kvstudy.latency.tables import PredictorSettings
 
-    settings = PredictorSettings(**{k: tuple(v) if isinstance(v, list) else v for k, v in settings_kw.items()})
-    folder = os.path.join(os.environ["KVSTUDY_CACHE_DIR"], "vidur", llama_tp2_latency.info["cache_key"], "vidur")
-    predictor = vidur_adapter.make_predictor(arch, TP2, profile_files(arch, TP2), settings, folder)
+    arch = load_model_arch("llama2_70b")
+    folder = str(vidur_cache_folder(llama_tp2_latency.info["cache_key"]) / "vidur")
+    predictor = vidur_adapter.make_predictor(arch, TP2, profile_files(arch, TP2), llama_tp2_latency.settings, folder)
     rng = np.random.default_rng(0)
     for _ in range(40):
         chunks = [(int(c), int(k)) for c, k in zip(rng.integers(1, 2000, rng.integers(0, 3)),

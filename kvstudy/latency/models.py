@@ -66,9 +66,10 @@ class LinearLatency(LatencyModel):
 class VidurLatency(LatencyModel):
     name = "vidur"
 
-    def __init__(self, tables: VidurTables, info: dict) -> None:
+    def __init__(self, tables: VidurTables, info: dict, settings: PredictorSettings) -> None:
         self.tables = tables
         self.info = info
+        self.settings = settings  # what the tables were trained with (also in info, as plain data)
 
     def iteration_seconds(self, prefill_chunks, num_decodes, decode_context_sum) -> float:
         return self.tables.iteration_ms(prefill_chunks, num_decodes, decode_context_sum)
@@ -105,6 +106,11 @@ def _check_tp_rows(files: ProfileFiles, arch: ModelArch, tp: int) -> None:
                           f"profiled TP sizes: {tps or 'none (dimensions do not match this model)'}")
 
 
+def vidur_cache_folder(key: str) -> Path:
+    """Where one trained build lives: ``tables.npz`` plus Vidur's own cache in ``vidur/``."""
+    return cache_dir() / "vidur" / key
+
+
 def vidur(arch: ModelArch, hardware: HardwareSpec, capacity_tokens: int = 0, profiles_root: Optional[str] = None,
           compute_dir: Optional[str] = None, network_dir: Optional[str] = None, max_tokens="auto",
           **settings_kw) -> VidurLatency:
@@ -124,7 +130,7 @@ def vidur(arch: ModelArch, hardware: HardwareSpec, capacity_tokens: int = 0, pro
                                  max_prefill_chunk=min(settings_kw.pop("max_prefill_chunk", arch.max_model_len),
                                                        arch.max_model_len), **settings_kw)
     key = cache_key(files, arch.fingerprint(), hardware, settings)
-    folder = cache_dir() / "vidur" / key
+    folder = vidur_cache_folder(key)
     started = time.perf_counter()
     tables = VidurTables.load(folder / "tables.npz")
     source = "cache"
@@ -138,4 +144,4 @@ def vidur(arch: ModelArch, hardware: HardwareSpec, capacity_tokens: int = 0, pro
     info = {"source": source, "load_seconds": round(time.perf_counter() - started, 3), "cache_key": key,
             "profiles": str(files.mlp.parent), "network": str(files.all_reduce.parent),
             "settings": asdict(settings), "cv_mape_pct": tables.cv_mape_pct}
-    return VidurLatency(tables, info)
+    return VidurLatency(tables, info, settings)

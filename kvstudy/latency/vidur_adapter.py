@@ -132,6 +132,11 @@ class OfflineLinearRegressionPredictor(_OfflineMixin, LinearRegressionExecutionT
         return make_pipeline(PolynomialFeatures(), LinearRegression())
 
 
+def replica_config(arch: ModelArch, hw: HardwareSpec) -> ReplicaConfig:
+    return ReplicaConfig(model_name=register_model(arch), num_pipeline_stages=hw.pipeline_parallel,
+                         tensor_parallel_size=hw.tensor_parallel, device=hw.device, network_device=hw.node)
+
+
 def make_predictor(arch: ModelArch, hw: HardwareSpec, files: ProfileFiles, settings: PredictorSettings,
                    cache_dir: str):
     """Vidur's predictor for this model and hardware, trained from local files into ``cache_dir``."""
@@ -147,10 +152,6 @@ def make_predictor(arch: ModelArch, hw: HardwareSpec, files: ProfileFiles, setti
         prediction_max_tokens_per_request=settings.max_tokens,
         use_native_execution_time_predictor=False,
     )
-    replica = ReplicaConfig(
-        model_name=register_model(arch), num_pipeline_stages=hw.pipeline_parallel,
-        tensor_parallel_size=hw.tensor_parallel, device=hw.device, network_device=hw.node,
-    )
     cache = CacheConfig(block_size=settings.block_size)
     if settings.estimator == "random_forest":
         config = RandomForrestExecutionTimePredictorConfig(
@@ -161,7 +162,7 @@ def make_predictor(arch: ModelArch, hw: HardwareSpec, files: ProfileFiles, setti
         config = LinearRegressionExecutionTimePredictorConfig(polynomial_degree=list(settings.polynomial_degree),
                                                               **common)
         cls = OfflineLinearRegressionPredictor
-    return cls(files, settings, predictor_config=config, replica_config=replica, cache_config=cache)
+    return cls(files, settings, predictor_config=config, replica_config=replica_config(arch, hw), cache_config=cache)
 
 
 def _dense_1d(pred: Dict[tuple, float], size: int) -> np.ndarray:
@@ -212,7 +213,7 @@ def vidur_iteration_seconds(predictor, prefill_chunks, decode_contexts) -> float
 
 def run_vidur_simulator(arch: ModelArch, hw: HardwareSpec, files: ProfileFiles, settings: PredictorSettings,
                         cache_dir: str, arrival, prompt, output, capacity_tokens: int, work_dir: str,
-                        max_tokens_in_batch: int, batch_size_cap: int = 1024, before_run=None) -> dict:
+                        max_tokens_in_batch: int, batch_size_cap: int = 1024) -> dict:
     """Run Vidur's own event-driven simulator (vLLM replica scheduler) on the given requests, with the same
     offline predictor kvstudy uses. For the benchmark in ``bench/vs_vidur.py``; returns timing facts.
 
@@ -232,8 +233,7 @@ def run_vidur_simulator(arch: ModelArch, hw: HardwareSpec, files: ProfileFiles, 
                   "CompletionTokenCount": output}).to_csv(trace, index=False)
     predictor = make_predictor(arch, hw, files, settings, cache_dir)
     started = time.perf_counter()
-    replica = ReplicaConfig(model_name=register_model(arch), num_pipeline_stages=hw.pipeline_parallel,
-                            tensor_parallel_size=hw.tensor_parallel, device=hw.device, network_device=hw.node)
+    replica = replica_config(arch, hw)
     cache = CacheConfig(block_size=settings.block_size, num_blocks=capacity_tokens // settings.block_size)
     config = SimulationConfig(
         seed=0,
@@ -267,8 +267,6 @@ def run_vidur_simulator(arch: ModelArch, hw: HardwareSpec, files: ProfileFiles, 
 
     VidurRequest.restart = restart
     setup_s = time.perf_counter() - started
-    if before_run is not None:
-        before_run()
     started = time.perf_counter()
     try:
         simulator.run()

@@ -33,7 +33,7 @@ def small_results(tmp_path_factory):
         run(["kvstudy.studies", "alpha-search", f"+demand={demand}", "workload.num_requests=150",
              f"out={root / 'alpha_search'}"])
     for model in (1, 2):
-        run(["kvstudy.optimum", "study", "--model", str(model), "--trials", "2", "--time-limit", "1",
+        run(["kvstudy.optimum", "study", "--model", str(model), "--trials", "2", "--time-limit", "1", "--lns", "1",
              "--out", str(root / "optimum" / f"model{model}.parquet")])
     return root
 
@@ -52,6 +52,7 @@ def test_notebook_executes(path, small_results, monkeypatch):
     from nbclient import NotebookClient
 
     monkeypatch.setenv("KVSTUDY_RESULTS", str(small_results))
+    monkeypatch.setenv("KVSTUDY_SCALE_N", "300")  # notebook 02: the at-scale bound on a smaller workload
     nb = nbformat.read(path, as_version=4)
     NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
     text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)

@@ -1,0 +1,177 @@
+"""Exact branch-and-bound for the IP (1)-(4) on a few requests under a round-by-round memory budget.
+
+Given requests (a, s, o) and a residual budget r(t) (M minus the memory of requests held fixed, or M itself),
+find start rounds minimising sum(start) such that in every round the freed requests' memory fits r(t)
+(checker.py's convention: started at k, a request holds s + t - k tokens in rounds k + 1 .. k + o).
+
+Search: schedules are built in non-decreasing start order (ties in increasing request index, and identical
+requests in index order: both only remove duplicate orderings of the same schedule). A node fixes a prefix of
+that order; its children choose the next request j and its start p >= the last start, among the rounds where j
+fits the budget left by the prefix. "Fits" is one vectorised test: with g(t) = r(t) - t, request j fits at p iff
+min g over rounds p+1..p+o is >= s - p. Bound: every unplaced request starts no earlier than the last start and
+no earlier than its first fitting round in the current budget (the budget only shrinks deeper in the tree),
+so  cost + sum_i max(p_last, e_i)  is a valid lower bound; children are cut when it reaches the incumbent.
+
+Exact when it returns ``proven=True``; a node or time limit returns the incumbent with ``proven=False``.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+
+@dataclass
+class BranchResult:
+    start: np.ndarray
+    cost: int  # sum of start rounds
+    proven: bool
+    nodes: int
+    seconds: float
+
+
+class _Limit(Exception):
+    pass
+
+
+def srpt_sum_of_completions(release, processing) -> int:
+    """Optimal sum of completion times on one machine with release dates and preemption (SRPT rule)."""
+    jobs = sorted(zip(release, processing))
+    left = []
+    t = total = 0
+    i = 0
+    import heapq
+
+    while i < len(jobs) or left:
+        if not left and t < jobs[i][0]:
+            t = jobs[i][0]
+        while i < len(jobs) and jobs[i][0] <= t:
+            heapq.heappush(left, jobs[i][1])
+            i += 1
+        rem = heapq.heappop(left)
+        next_release = jobs[i][0] if i < len(jobs) else None
+        if next_release is not None and t + rem > next_release:
+            heapq.heappush(left, rem - (next_release - t))
+            t = next_release
+        else:
+            t += rem
+            total += t
+    return total
+
+
+def solve(arrival, prompt, output, budget, incumbent=None, lo: int = 0, hi: int | None = None,
+          node_limit: int = 2_000_000, time_limit: float = 60.0) -> BranchResult:
+    """Minimise sum(start) with every start in [max(lo, a_j), hi]. ``budget[t]`` is the memory available in
+    round t (rounds past its end have none). ``incumbent``: a feasible start vector to beat (optional)."""
+    a = np.asarray(arrival, dtype=np.int64)
+    s = np.asarray(prompt, dtype=np.int64)
+    o = np.asarray(output, dtype=np.int64)
+    r = np.asarray(budget, dtype=np.int64).copy()
+    n = len(a)
+    H = len(r) - 1
+    hi = H if hi is None else min(hi, H)
+    started = time.perf_counter()
+    best_cost = np.iinfo(np.int64).max
+    best = None
+    if incumbent is not None:
+        best = np.asarray(incumbent, dtype=np.int64).copy()
+        best_cost = int(best.sum())
+    twin = [[k for k in range(i) if a[k] == a[i] and s[k] == s[i] and o[k] == o[i]] for i in range(n)]
+    lower = np.maximum(a, lo)
+    ramp = [np.arange(1, int(o[j]) + 1, dtype=np.int64) + s[j] for j in range(n)]
+    idx = np.arange(H + 1, dtype=np.int64)
+    nodes = 0
+    placed = np.full(n, -1, dtype=np.int64)
+    seen: dict = {}
+
+    def fitting(j: int, first: int) -> np.ndarray:
+        """Rounds p in [first, hi] (ascending) where request j fits the current budget."""
+        oj = int(o[j])
+        last = min(hi, H - oj)
+        if last < first:
+            return np.empty(0, dtype=np.int64)
+        g = r[first + 1:last + oj + 1] - idx[first + 1:last + oj + 1]
+        win = sliding_window_view(g, oj).min(axis=1)
+        p = idx[first:last + 1]
+        return p[win >= s[j] - p]
+
+    def search(cost: int, p_last: int, j_last: int, remaining: list) -> None:
+        nonlocal best_cost, best, nodes
+        nodes += 1
+        if nodes > node_limit or (nodes & 1023) == 0 and time.perf_counter() - started > time_limit:
+            raise _Limit
+        if not remaining:
+            if cost < best_cost:
+                best_cost, best = cost, placed.copy()
+            return
+        # Dominance: the future depends only on which requests are placed, the last start (and index, for the
+        # tie rule) and the placed requests still holding memory after it. Reached again at no lower cost:
+        # nothing new below this node.
+        key = (frozenset(remaining), p_last, j_last,
+               tuple((j, int(placed[j])) for j in range(n) if placed[j] >= 0 and placed[j] + o[j] > p_last))
+        if seen.get(key, best_cost + 1) <= cost:
+            return
+        seen[key] = cost
+        options = {}
+        earliest = {}
+        for j in remaining:
+            first = max(int(lower[j]), p_last)
+            for k in twin[j]:  # identical requests start in index order
+                if placed[k] >= 0:
+                    first = max(first, int(placed[k]))
+            ps = fitting(j, first)
+            if len(ps) == 0:
+                return  # j can never be placed below this node
+            options[j] = ps
+            earliest[j] = int(ps[0])
+        total_earliest = sum(max(p_last, e) for e in earliest.values())
+        if cost + total_earliest >= best_cost:
+            return
+        # Heavy tails: rounds where a request holds more than half the largest budget still ahead cannot
+        # overlap between two requests, and they are the last h rounds of each request. A one-machine
+        # relaxation (release = earliest start + o - h, processing h, preemption allowed: SRPT is optimal)
+        # bounds the sum of their completions, hence of their starts.
+        half = int(r[p_last + 1:].max()) // 2 if p_last + 1 <= H else 0
+        heavy = [j for j in remaining if s[j] + o[j] > half]
+        if len(heavy) > 1:
+            h = {j: int(min(o[j], s[j] + o[j] - half)) for j in heavy}
+            completions = srpt_sum_of_completions([earliest[j] + int(o[j]) - h[j] for j in heavy],
+                                                  [h[j] for j in heavy])
+            light = sum(earliest[j] for j in remaining if j not in h)
+            if cost + light + completions - sum(int(o[j]) for j in heavy) >= best_cost:
+                return
+        # Try requests with the earliest feasible start first (shortest output breaks ties), as MC-SF would.
+        for j in sorted(remaining, key=lambda q: (earliest[q], o[q], q)):
+            if any(placed[k] < 0 for k in twin[j]):
+                continue
+            others = [earliest[i] for i in remaining if i != j]
+            rest = [q for q in remaining if q != j]
+            for p in options[j]:
+                p = int(p)
+                if p == p_last and j < j_last:
+                    continue
+                # children start no earlier than p
+                bound = cost + p + sum(max(p, e) for e in others)
+                if bound >= best_cost:
+                    break
+                oj = int(o[j])
+                r[p + 1:p + oj + 1] -= ramp[j]
+                placed[j] = p
+                search(cost + p, p, j, rest)
+                placed[j] = -1
+                r[p + 1:p + oj + 1] += ramp[j]
+
+    proven = True
+    try:
+        search(0, int(lower.min()) if n else 0, -1, list(range(n)))
+    except _Limit:
+        proven = False
+    if best is None:
+        best = np.full(n, -1, dtype=np.int64)
+    return BranchResult(best, int(best_cost) if best_cost < np.iinfo(np.int64).max else -1, proven, nodes,
+                        time.perf_counter() - started)
+
+
+__all__ = ["BranchResult", "solve"]

@@ -11,6 +11,7 @@ from kvstudy.optimum.instance import Instance, synthetic
 from kvstudy.optimum.ip import brute_force, solve
 from kvstudy.optimum.online import starts
 from kvstudy.policies.mcsf import MCSF
+from tests.instances import tiny
 
 
 def test_unservable_request_is_rejected_by_name():
@@ -29,13 +30,7 @@ def test_checker_catches_violations():
 
 @pytest.mark.parametrize("seed", range(6))
 def test_ip_matches_exhaustive_search_on_tiny_instances(seed):
-    rng = np.random.default_rng(seed)
-    M = int(rng.integers(6, 10))
-    n = 3
-    s = rng.integers(1, 3, n)
-    o = np.array([rng.integers(1, M - si + 1) for si in s])
-    a = np.sort(rng.integers(0, 3, n))
-    inst = Instance(a, s, o, M)
+    inst = tiny(seed)
     warm = starts(inst, MCSF())
     res = solve(inst, warm_start=warm, time_limit=30)
     assert res.proven_optimal
@@ -74,3 +69,18 @@ def test_theorem_4_1_ratio_grows():
     rows = [ratio_lower_bound(MCSF, M) for M in (64, 256, 1024)]
     ratios = [r["ratio_at_least"] for r in rows]
     assert ratios[0] < ratios[1] < ratios[2] and ratios[2] > 3
+
+
+def test_gurobi_path_agrees_with_highs_on_a_tiny_instance():
+    pytest.importorskip("gurobipy", reason="gurobipy is an optional solver (pip install gurobipy)")
+    inst = Instance(np.array([0, 0, 1]), np.array([1, 2, 1]), np.array([3, 2, 4]), 7)
+    warm = starts(inst, MCSF())
+    ours = solve(inst, warm_start=warm, time_limit=30)
+    theirs = solve(inst, warm_start=warm, time_limit=30, solver="gurobi")
+    assert theirs.proven_optimal and theirs.objective == ours.objective == brute_force(inst)
+
+
+def test_unknown_solver_is_named():
+    inst = Instance(np.array([0]), np.array([1]), np.array([1]), 4)
+    with pytest.raises(Exception, match="solver='cplex': allowed 'highs' or 'gurobi'"):
+        solve(inst, solver="cplex")

@@ -10,6 +10,7 @@ from kvstudy.optimum.ip import brute_force, build, solve
 from kvstudy.optimum.lns import improve
 from kvstudy.optimum.online import starts
 from kvstudy.policies.mcsf import MCSF
+from tests.instances import tiny
 
 
 def exact_by_branch(inst: Instance, **kw) -> branch.BranchResult:
@@ -19,11 +20,7 @@ def exact_by_branch(inst: Instance, **kw) -> branch.BranchResult:
 
 @pytest.mark.parametrize("seed", range(8))
 def test_branch_matches_exhaustive_search(seed):
-    rng = np.random.default_rng(100 + seed)
-    M = int(rng.integers(6, 10))
-    s = rng.integers(1, 3, 3)
-    o = np.array([rng.integers(1, M - si + 1) for si in s])
-    inst = Instance(np.sort(rng.integers(0, 3, 3)), s, o, M)
+    inst = tiny(100 + seed)
     res = exact_by_branch(inst)
     assert res.proven
     assert check(inst, res.start) == brute_force(inst)
@@ -31,12 +28,7 @@ def test_branch_matches_exhaustive_search(seed):
 
 @pytest.mark.parametrize("seed", range(3))
 def test_branch_matches_the_ip_on_small_instances(seed):
-    rng = np.random.default_rng(200 + seed)
-    M = int(rng.integers(12, 18))
-    n = 5
-    s = rng.integers(1, 4, n)
-    o = np.array([rng.integers(1, M - si + 1) for si in s])
-    inst = Instance(np.sort(rng.integers(0, 4, n)), s, o, M)
+    inst = tiny(200 + seed, n=5, memory=(12, 18), prompt_max=3, arrival_max=4)
     warm = starts(inst, MCSF())
     res = exact_by_branch(inst, incumbent=warm)
     ip = solve(inst, warm_start=warm, time_limit=60)
@@ -87,11 +79,7 @@ def test_lp_bound_without_buckets_is_the_ip_relaxation():
 def test_bucketed_lp_and_short_horizons_stay_below_the_optimum(seed):
     from kvstudy.optimum.lp_bound import lp_bound
 
-    rng = np.random.default_rng(300 + seed)
-    M = int(rng.integers(6, 10))
-    s = rng.integers(1, 3, 3)
-    o = np.array([rng.integers(1, M - si + 1) for si in s])
-    inst = Instance(np.sort(rng.integers(0, 3, 3)), s, o, M)
+    inst = tiny(300 + seed)
     opt = brute_force(inst)
     exact = lp_bound(inst).value
     assert exact <= opt + 1e-9

@@ -25,7 +25,7 @@ from kvstudy.errors import cli_entry
 
 
 def study(model: int, trials: int, time_limit: float, seed: int = 0, lns_passes: int = 0,
-          lns_window: int = 5) -> pd.DataFrame:
+          lns_window: int = 5, solver: str = "highs", cut: int = 0) -> pd.DataFrame:
     from kvstudy.optimum.bounds import volume_bound
     from kvstudy.optimum.checker import check
     from kvstudy.optimum.instance import synthetic
@@ -37,6 +37,8 @@ def study(model: int, trials: int, time_limit: float, seed: int = 0, lns_passes:
     rows = []
     for trial, ss in enumerate(np.random.SeedSequence([seed, model]).spawn(trials)):
         inst = synthetic(model, np.random.default_rng(ss))
+        if cut:  # the first `cut` requests in arrival order: Sec. 5.1's distribution at a size the IP can prove
+            inst = type(inst)(inst.arrival[:cut], inst.prompt[:cut], inst.output[:cut], inst.capacity)
         mcsf_start = starts(inst, MCSF())
         mcsf = check(inst, mcsf_start)
         best, best_start = mcsf, mcsf_start
@@ -48,7 +50,12 @@ def study(model: int, trials: int, time_limit: float, seed: int = 0, lns_passes:
         bound = volume_bound(inst)
         status, proven, seconds = "skipped", False, 0.0
         if time_limit > 0:
-            res = solve(inst, warm_start=best_start, time_limit=time_limit)
+            if solver == "branch":
+                from kvstudy.optimum.branch import solve_instance
+
+                res = solve_instance(inst, warm_start=best_start, time_limit=time_limit)
+            else:
+                res = solve(inst, warm_start=best_start, time_limit=time_limit, solver=solver)
             status, proven, seconds = res.status, res.proven_optimal, res.seconds
             bound = max(bound, res.bound)
             if res.objective is not None:
@@ -77,6 +84,10 @@ def main(argv=None) -> int:
     st.add_argument("--lns", type=int, default=0, metavar="PASSES",
                     help="passes of large-neighbourhood search from MC-SF's schedule per instance (lns.py); 0 skips")
     st.add_argument("--lns-window", type=int, default=5)
+    st.add_argument("--solver", choices=("highs", "gurobi", "branch"), default="highs",
+                    help="exact method: the IP with HiGHS or Gurobi, or kvstudy's branch-and-bound (branch.py)")
+    st.add_argument("--cut", type=int, default=0, metavar="N",
+                    help="keep only the first N requests of each drawn instance (0: all, the paper's sizes)")
     st.add_argument("--seed", type=int, default=0)
     st.add_argument("--out", type=Path, default=None)
     adv = sub.add_parser("adversary")
@@ -108,8 +119,11 @@ def main(argv=None) -> int:
             rows = [ratio_lower_bound(factory, M) for M in args.M]
             print(f"{name:15s} " + "  ".join(f"n={r['n']}: ratio >= {r['ratio_at_least']:.2f}" for r in rows))
         return 0
-    df = study(args.model, args.trials, args.time_limit, args.seed, args.lns, args.lns_window)
-    out = args.out or Path(f"outputs/optimum/model{args.model}.parquet")
+    if args.cut < 0:
+        parser.error(f"--cut {args.cut}: allowed 0 (all requests) or a positive number")
+    df = study(args.model, args.trials, args.time_limit, args.seed, args.lns, args.lns_window, args.solver,
+               args.cut)
+    out = args.out or Path(f"outputs/optimum/model{args.model}{f'_cut{args.cut}' if args.cut else ''}.parquet")
     write_atomic(out, lambda tmp: df.to_parquet(tmp, index=False))
     proven = df["proven_optimal"]
     print(f"proven optimal: {int(proven.sum())} of {len(df)}; solve time total {df['seconds'].sum():.0f} s, "

@@ -175,3 +175,20 @@ def solve(arrival, prompt, output, budget, incumbent=None, lo: int = 0, hi: int 
 
 
 __all__ = ["BranchResult", "solve"]
+
+
+def solve_instance(inst, warm_start=None, time_limit: float = 60.0):
+    """The whole instance (budget M in every round up to the valid horizon), reported like ``ip.solve``: the
+    status is "optimal" only when the search finished; otherwise the bound is the volume bound."""
+    from kvstudy.optimum.bounds import volume_bound
+    from kvstudy.optimum.checker import check
+    from kvstudy.optimum.ip import IPResult
+
+    budget = np.full(inst.horizon() + 1, inst.capacity, dtype=np.int64)
+    res = solve(inst.arrival, inst.prompt, inst.output, budget, incumbent=warm_start, time_limit=time_limit,
+                node_limit=10**12)
+    objective = check(inst, res.start) if res.start.min() >= 0 else None
+    bound = float(objective) if res.proven and objective is not None else volume_bound(inst)
+    gap = (objective - bound) / objective if objective else float("nan")
+    return IPResult("optimal" if res.proven else "time_limit", objective, bound, gap,
+                    res.start if objective is not None else None, res.seconds, inst.n, res.nodes)

@@ -6,7 +6,8 @@
          x_{i,t} in {0, 1}                                                                  (4)
 
 Start variables run from a_i to T - o_i with the provably valid horizon T = max a + sum(o + 1)
-(``Instance.horizon``). The MC-SF schedule is given to HiGHS as a starting solution. A run stopped by the
+(``Instance.horizon``). The MC-SF schedule is given to HiGHS as a starting solution. ``solver="gurobi"`` sends the same model to Gurobi when
+gurobipy and a licence are present (the paper's solver). A run stopped by the
 time limit reports its incumbent, HiGHS's best bound and the gap, and is never called optimal; every
 returned schedule goes through the independent checker (``checker.check``).
 """
@@ -19,6 +20,7 @@ from typing import Optional
 import numpy as np
 from scipy import sparse
 
+from kvstudy.errors import ConfigError
 from kvstudy.optimum.checker import check, total_latency
 from kvstudy.optimum.instance import Instance
 
@@ -64,28 +66,28 @@ def build(inst: Instance, horizon: Optional[int] = None):
     return var_start.astype(float), eq, mem, var_req, var_start, constant
 
 
-def solve(inst: Instance, warm_start: Optional[np.ndarray] = None, time_limit: float = 60.0,
-          threads: int = 1, horizon: Optional[int] = None, relax: bool = False) -> IPResult:
+def highs_model(cost, eq, mem, capacity: int, constant: float, upper: float, integer: bool, time_limit: float,
+                threads: int = 1):
+    """A HiGHS instance holding  min cost.x + constant  s.t.  eq x = 1,  mem x <= capacity,  0 <= x <= upper
+    (binary if ``integer``); returns it with the stacked constraint matrix."""
     import highspy
 
-    started = time.perf_counter()
-    cost, eq, mem, var_req, var_start, constant = build(inst, horizon)
     nvar = len(cost)
     A = sparse.vstack([eq, mem]).tocsc()
     lp = highspy.HighsLp()
     lp.num_col_ = nvar
     lp.num_row_ = A.shape[0]
-    lp.col_cost_ = cost
+    lp.col_cost_ = np.asarray(cost, dtype=float)
     lp.col_lower_ = np.zeros(nvar)
-    lp.col_upper_ = np.ones(nvar)
-    lp.row_lower_ = np.concatenate([np.ones(inst.n), np.full(mem.shape[0], -highspy.kHighsInf)])
-    lp.row_upper_ = np.concatenate([np.ones(inst.n), np.full(mem.shape[0], float(inst.capacity))])
-    lp.offset_ = constant
+    lp.col_upper_ = np.full(nvar, upper)
+    lp.row_lower_ = np.concatenate([np.ones(eq.shape[0]), np.full(mem.shape[0], -highspy.kHighsInf)])
+    lp.row_upper_ = np.concatenate([np.ones(eq.shape[0]), np.full(mem.shape[0], float(capacity))])
+    lp.offset_ = float(constant)
     lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
     lp.a_matrix_.start_ = A.indptr
     lp.a_matrix_.index_ = A.indices
     lp.a_matrix_.value_ = A.data.astype(float)
-    if not relax:
+    if integer:
         lp.integrality_ = [highspy.HighsVarType.kInteger] * nvar
     h = highspy.Highs()
     h.setOptionValue("output_flag", False)
@@ -93,6 +95,23 @@ def solve(inst: Instance, warm_start: Optional[np.ndarray] = None, time_limit: f
     h.setOptionValue("threads", int(threads))
     h.setOptionValue("random_seed", 0)
     h.passModel(lp)
+    return h, A
+
+
+def solve(inst: Instance, warm_start: Optional[np.ndarray] = None, time_limit: float = 60.0,
+          threads: int = 1, horizon: Optional[int] = None, relax: bool = False, solver: str = "highs") -> IPResult:
+    """Solve (1)-(4) with ``solver`` = "highs" (highspy, the default) or "gurobi" (gurobipy with a licence)."""
+    if solver == "gurobi":
+        return _solve_gurobi(inst, warm_start, time_limit, threads, horizon)
+    if solver != "highs":
+        raise ConfigError(f"solver={solver!r}: allowed 'highs' or 'gurobi'")
+    import highspy
+
+    started = time.perf_counter()
+    cost, eq, mem, var_req, var_start, constant = build(inst, horizon)
+    nvar = len(cost)
+    h, A = highs_model(cost, eq, mem, inst.capacity, constant, upper=1.0, integer=not relax,
+                       time_limit=time_limit, threads=threads)
     if warm_start is not None and not relax:
         check(inst, warm_start)
         x = np.zeros(nvar)
@@ -131,6 +150,54 @@ def solve(inst: Instance, warm_start: Optional[np.ndarray] = None, time_limit: f
         label = f"error:{status}"
     gap = (objective - bound) / objective if objective else float("nan")
     return IPResult(label, objective, bound, gap, start, seconds, nvar, A.nnz)
+
+
+def _solve_gurobi(inst: Instance, warm_start, time_limit: float, threads: int, horizon) -> IPResult:
+    """The same sparse model through gurobipy (optional: ``pip install gurobipy``; its bundled licence only
+    takes models of up to 2,000 variables, so paper-size instances need a full licence)."""
+    try:
+        import gurobipy as gp
+        from gurobipy import GRB
+    except ImportError:
+        raise ConfigError("solver='gurobi' needs the gurobipy package (pip install gurobipy) and a Gurobi licence; "
+                          "solver='highs' needs neither") from None
+    started = time.perf_counter()
+    cost, eq, mem, var_req, var_start, constant = build(inst, horizon)
+    nvar = len(cost)
+    try:
+        env = gp.Env(params={"OutputFlag": 0})
+        model = gp.Model(env=env)
+        model.Params.TimeLimit = float(time_limit)
+        model.Params.Threads = int(threads)
+        model.Params.Seed = 0
+        x = model.addMVar(nvar, vtype=GRB.BINARY, obj=cost)
+        model.ObjCon = constant
+        model.addMConstr(eq, x, "=", np.ones(inst.n))
+        model.addMConstr(mem, x, "<", np.full(mem.shape[0], float(inst.capacity)))
+        if warm_start is not None:
+            check(inst, warm_start)
+            index = {(int(r), int(k)): v for v, (r, k) in enumerate(zip(var_req, var_start))}
+            start_values = np.zeros(nvar)
+            for i, k in enumerate(warm_start):
+                start_values[index[(i, int(k))]] = 1.0
+            x.Start = start_values
+        model.optimize()
+    except gp.GurobiError as exc:
+        raise ConfigError(f"Gurobi refused the model of {nvar} variables: {exc} (the pip licence allows 2,000; "
+                          f"use solver='highs' or a full licence)") from None
+    seconds = time.perf_counter() - started
+    start = objective = None
+    if model.SolCount > 0:
+        chosen = x.X > 0.5
+        start = np.empty(inst.n, dtype=np.int64)
+        start[var_req[chosen]] = var_start[chosen]
+        objective = check(inst, start)  # independent check of what the solver returned
+    from kvstudy.optimum.bounds import volume_bound
+
+    bound = max(float(model.ObjBound), volume_bound(inst))
+    label = {GRB.OPTIMAL: "optimal", GRB.TIME_LIMIT: "time_limit"}.get(model.Status, f"error:{model.Status}")
+    gap = (objective - bound) / objective if objective else float("nan")
+    return IPResult(label, objective, bound, gap, start, seconds, nvar, eq.nnz + mem.nnz)
 
 
 def brute_force(inst: Instance, horizon: Optional[int] = None) -> int:

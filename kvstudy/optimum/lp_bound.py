@@ -24,6 +24,7 @@ import numpy as np
 from scipy import sparse
 
 from kvstudy.optimum.instance import Instance
+from kvstudy.optimum.ip import highs_model
 
 
 @dataclass
@@ -75,25 +76,8 @@ def lp_bound(inst: Instance, bucket: int = 1, row_step: int = 1, horizon: int | 
                                  (np.concatenate(mem_rows), np.concatenate(mem_cols))), shape=(len(rows_kept), nvar))
     else:
         mem = sparse.csr_matrix((len(rows_kept), nvar))
-    A = sparse.vstack([eq, mem]).tocsc()
-    lp = highspy.HighsLp()
-    lp.num_col_ = nvar
-    lp.num_row_ = A.shape[0]
-    lp.col_cost_ = cost
-    lp.col_lower_ = np.zeros(nvar)
-    lp.col_upper_ = np.full(nvar, highspy.kHighsInf)
-    lp.row_lower_ = np.concatenate([np.ones(inst.n), np.full(mem.shape[0], -highspy.kHighsInf)])
-    lp.row_upper_ = np.concatenate([np.ones(inst.n), np.full(mem.shape[0], float(inst.capacity))])
-    lp.offset_ = float(np.sum(inst.output - inst.arrival))
-    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
-    lp.a_matrix_.start_ = A.indptr
-    lp.a_matrix_.index_ = A.indices
-    lp.a_matrix_.value_ = A.data
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
-    h.setOptionValue("time_limit", float(time_limit))
-    h.setOptionValue("threads", 1)
-    h.passModel(lp)
+    h, A = highs_model(cost, eq, mem, inst.capacity, float(np.sum(inst.output - inst.arrival)),
+                       upper=highspy.kHighsInf, integer=False, time_limit=time_limit)
     h.run()
     status = h.getModelStatus()
     if status == highspy.HighsModelStatus.kOptimal:

@@ -6,7 +6,8 @@ branch-and-bound on eqs. (1)-(4) with the memory of the fixed requests subtracte
 anywhere from ``pad`` rounds before the earliest of them to ``pad`` rounds after the latest (never before their
 arrival). Any schedule of the freed requests that fits the residual memory keeps the whole schedule feasible,
 so each accepted move strictly lowers the total latency of a feasible schedule; the checker verifies the final
-one independently. Windows slide by half their width; passes repeat until one finds nothing.
+one independently. Windows slide by half their width (the last one ends at the last request); passes repeat until one
+finds nothing.
 
 This is a heuristic for the *upper* end of OPT: it never proves optimality. Its purpose is to give the ratio
 MC-SF / best-known-schedule the role the paper's Gurobi incumbents play (Sec. 5.1), while the lower end comes
@@ -73,7 +74,10 @@ def improve(inst: Instance, start, window: int = 5, pad: int = 10, max_passes: i
     for _ in range(max_passes):
         improved = False
         order = np.argsort(start, kind="stable")
-        for first in range(0, max(1, inst.n - window + 1), max(1, window // 2)):
+        firsts = list(range(0, inst.n - window + 1, max(1, window // 2)))
+        if firsts[-1] != inst.n - window:  # the last window always ends at the last request
+            firsts.append(inst.n - window)
+        for first in firsts:
             if time.perf_counter() - started > budget:
                 break
             free = np.sort(order[first:first + window])

@@ -84,3 +84,29 @@ def test_unknown_solver_is_named():
     inst = Instance(np.array([0]), np.array([1]), np.array([1]), 4)
     with pytest.raises(Exception, match="solver='cplex': allowed 'highs' or 'gurobi'"):
         solve(inst, solver="cplex")
+
+
+def algorithm_1(inst: Instance) -> np.ndarray:
+    """MC-SF read directly off Alg. 1 in the IP's memory convention, independent of the engine: each round, waiting
+    requests in ascending o; admit while every future round still fits M; stop at the first that does not."""
+    memory = np.zeros(inst.horizon() + 2, dtype=np.int64)
+    start = np.full(inst.n, -1)
+    t = 0
+    while (start < 0).any():
+        waiting = sorted((i for i in range(inst.n) if start[i] < 0 and inst.arrival[i] <= t),
+                         key=lambda i: (inst.output[i], i))
+        for i in waiting:
+            rounds = np.arange(t + 1, t + inst.output[i] + 1)
+            need = inst.prompt[i] + rounds - t
+            if np.any(memory[rounds] + need > inst.capacity):
+                break
+            memory[rounds] += need
+            start[i] = t
+        t += 1
+    return start
+
+
+@pytest.mark.parametrize("model,seed", [(1, 0), (1, 1), (2, 0), (2, 1)])
+def test_engine_mcsf_matches_a_direct_reading_of_algorithm_1(model, seed):
+    inst = synthetic(model, np.random.default_rng([seed, model]))
+    assert np.array_equal(starts(inst, MCSF()), algorithm_1(inst))

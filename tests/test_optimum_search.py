@@ -6,7 +6,7 @@ import pytest
 from kvstudy.optimum import branch
 from kvstudy.optimum.checker import check
 from kvstudy.optimum.instance import Instance, synthetic
-from kvstudy.optimum.ip import brute_force, build, solve
+from kvstudy.optimum.ip import brute_force, build, indicator, solve
 from kvstudy.optimum.lns import improve
 from kvstudy.optimum.online import starts
 from kvstudy.policies.mcsf import MCSF
@@ -58,9 +58,7 @@ def test_lns_improves_feasibly_and_deterministically(model):
     assert one.objective == check(inst, one.start) <= check(inst, mcsf) == one.initial
     # independent of checker.py: the schedule satisfies the IP's own rows (2)-(3) as built for HiGHS
     _, eq, mem, var_req, var_start, _ = build(inst)
-    x = np.zeros(len(var_req))
-    for i, k in enumerate(one.start):
-        x[np.flatnonzero((var_req == i) & (var_start == k))[0]] = 1
+    x = indicator(var_req, var_start, one.start)
     assert np.all(eq @ x == 1) and np.all(mem @ x <= inst.capacity)
 
 

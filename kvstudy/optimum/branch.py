@@ -16,6 +16,7 @@ Exact when it returns ``proven=True``; a node or time limit returns the incumben
 """
 from __future__ import annotations
 
+import heapq
 import time
 from dataclasses import dataclass
 
@@ -42,8 +43,6 @@ def srpt_sum_of_completions(release, processing) -> int:
     left = []
     t = total = 0
     i = 0
-    import heapq
-
     while i < len(jobs) or left:
         if not left and t < jobs[i][0]:
             t = jobs[i][0]

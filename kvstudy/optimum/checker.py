@@ -17,6 +17,18 @@ def total_latency(inst: Instance, start: np.ndarray) -> int:
     return int(np.sum(np.asarray(start) + inst.output - inst.arrival))
 
 
+def memory_use(inst: Instance, start, horizon: int, mask=None) -> np.ndarray:
+    """Tokens held in each round 0..horizon by the requests (all, or those selected by ``mask``): a request
+    started at k holds s + t - k tokens in rounds k + 1 .. k + o."""
+    start = np.asarray(start, dtype=np.int64)
+    keep = np.ones(inst.n, dtype=bool) if mask is None else np.asarray(mask, dtype=bool)
+    memory = np.zeros(horizon + 1, dtype=np.int64)
+    for k, s, o in zip(start[keep], inst.prompt[keep], inst.output[keep]):
+        t = np.arange(k + 1, k + o + 1)
+        memory[t] += s + t - k
+    return memory
+
+
 def check(inst: Instance, start) -> int:
     start = np.asarray(start, dtype=np.int64)
     if start.shape != (inst.n,):
@@ -25,11 +37,7 @@ def check(inst: Instance, start) -> int:
     if len(early):
         i = int(early[0])
         raise InfeasibleSchedule(f"request {i} starts at {start[i]} before its arrival {inst.arrival[i]}")
-    horizon = int((start + inst.output).max()) + 1
-    memory = np.zeros(horizon + 1, dtype=np.int64)
-    for k, s, o in zip(start, inst.prompt, inst.output):
-        t = np.arange(k + 1, k + o + 1)
-        memory[t] += s + t - k
+    memory = memory_use(inst, start, int((start + inst.output).max()) + 1)
     over = np.flatnonzero(memory > inst.capacity)
     if len(over):
         t = int(over[0])

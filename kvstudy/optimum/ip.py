@@ -66,6 +66,23 @@ def build(inst: Instance, horizon: Optional[int] = None):
     return var_start.astype(float), eq, mem, var_req, var_start, constant
 
 
+def indicator(var_req, var_start, start) -> np.ndarray:
+    """The 0/1 vector x of ``build``'s variables that encodes a start vector."""
+    index = {(int(r), int(k)): v for v, (r, k) in enumerate(zip(var_req, var_start))}
+    x = np.zeros(len(var_req))
+    for i, k in enumerate(start):
+        x[index[(i, int(k))]] = 1.0
+    return x
+
+
+def starts_of(values, var_req, var_start, n: int) -> np.ndarray:
+    """The start vector a (near-)0/1 solution of ``build``'s variables encodes."""
+    chosen = np.asarray(values) > 0.5
+    start = np.empty(n, dtype=np.int64)
+    start[var_req[chosen]] = var_start[chosen]
+    return start
+
+
 def highs_model(cost, eq, mem, capacity: int, constant: float, upper: float, integer: bool, time_limit: float,
                 threads: int = 1):
     """A HiGHS instance holding  min cost.x + constant  s.t.  eq x = 1,  mem x <= capacity,  0 <= x <= upper
@@ -114,12 +131,8 @@ def solve(inst: Instance, warm_start: Optional[np.ndarray] = None, time_limit: f
                        time_limit=time_limit, threads=threads)
     if warm_start is not None and not relax:
         check(inst, warm_start)
-        x = np.zeros(nvar)
-        index = {(int(r), int(k)): v for v, (r, k) in enumerate(zip(var_req, var_start))}
-        for i, k in enumerate(warm_start):
-            x[index[(i, int(k))]] = 1.0
         sol = highspy.HighsSolution()
-        sol.col_value = list(x)
+        sol.col_value = list(indicator(var_req, var_start, warm_start))
         sol.value_valid = True
         h.setSolution(sol)
     h.run()
@@ -134,9 +147,7 @@ def solve(inst: Instance, warm_start: Optional[np.ndarray] = None, time_limit: f
     start = None
     objective = None
     if len(values) == nvar and info.primal_solution_status >= 1:
-        chosen = values > 0.5
-        start = np.empty(inst.n, dtype=np.int64)
-        start[var_req[chosen]] = var_start[chosen]
+        start = starts_of(values, var_req, var_start, inst.n)
         objective = check(inst, start)  # independent check of what the solver returned
         assert objective == round(info.objective_function_value), (objective, info.objective_function_value)
     from kvstudy.optimum.bounds import volume_bound
@@ -176,11 +187,7 @@ def _solve_gurobi(inst: Instance, warm_start, time_limit: float, threads: int, h
         model.addMConstr(mem, x, "<", np.full(mem.shape[0], float(inst.capacity)))
         if warm_start is not None:
             check(inst, warm_start)
-            index = {(int(r), int(k)): v for v, (r, k) in enumerate(zip(var_req, var_start))}
-            start_values = np.zeros(nvar)
-            for i, k in enumerate(warm_start):
-                start_values[index[(i, int(k))]] = 1.0
-            x.Start = start_values
+            x.Start = indicator(var_req, var_start, warm_start)
         model.optimize()
     except gp.GurobiError as exc:
         raise ConfigError(f"Gurobi refused the model of {nvar} variables: {exc} (the pip licence allows 2,000; "
@@ -188,9 +195,7 @@ def _solve_gurobi(inst: Instance, warm_start, time_limit: float, threads: int, h
     seconds = time.perf_counter() - started
     start = objective = None
     if model.SolCount > 0:
-        chosen = x.X > 0.5
-        start = np.empty(inst.n, dtype=np.int64)
-        start[var_req[chosen]] = var_start[chosen]
+        start = starts_of(x.X, var_req, var_start, inst.n)
         objective = check(inst, start)  # independent check of what the solver returned
     from kvstudy.optimum.bounds import volume_bound
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvstudy.optimum import branch
-from kvstudy.optimum.checker import check
+from kvstudy.optimum.checker import check, memory_use
 from kvstudy.optimum.instance import Instance
 
 
@@ -36,23 +36,13 @@ class LNSResult:
     seconds: float
 
 
-def memory_profile(inst: Instance, start: np.ndarray, mask: np.ndarray, horizon: int) -> np.ndarray:
-    """Tokens held in each round 0..horizon by the requests selected by ``mask`` (checker.py's convention:
-    a request started at k holds s + t - k tokens in rounds k + 1 .. k + o)."""
-    memory = np.zeros(horizon + 1, dtype=np.int64)
-    for k, s, o in zip(start[mask], inst.prompt[mask], inst.output[mask]):
-        t = np.arange(k + 1, k + o + 1)
-        memory[t] += s + t - k
-    return memory
-
-
 def _solve_window(inst: Instance, start: np.ndarray, free: np.ndarray, pad: int, time_limit: float,
                   node_limit: int):
     """Exact sub-problem over the freed requests (branch.py); returns (new starts for ``free``, proven?)."""
     horizon = int((start + inst.output).max()) + pad + int(inst.output.max()) + 2
     fixed = np.ones(inst.n, dtype=bool)
     fixed[free] = False
-    budget = inst.capacity - memory_profile(inst, start, fixed, horizon)
+    budget = inst.capacity - memory_use(inst, start, horizon, fixed)
     result = branch.solve(inst.arrival[free], inst.prompt[free], inst.output[free], budget,
                           incumbent=start[free], lo=int(start[free].min()) - pad, hi=int(start[free].max()) + pad,
                           time_limit=time_limit, node_limit=node_limit)
@@ -95,4 +85,4 @@ def improve(inst: Instance, start, window: int = 5, pad: int = 10, max_passes: i
     return LNSResult(start, best, initial, moves, solves, unproven, time.perf_counter() - started)
 
 
-__all__ = ["LNSResult", "improve", "memory_profile"]
+__all__ = ["LNSResult", "improve"]

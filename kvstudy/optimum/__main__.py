@@ -27,6 +27,7 @@ from kvstudy.errors import cli_entry
 def study(model: int, trials: int, time_limit: float, seed: int = 0, lns_passes: int = 0,
           lns_window: int = 5, solver: str = "highs", cut: int = 0) -> pd.DataFrame:
     from kvstudy.optimum.bounds import volume_bound
+    from kvstudy.optimum.branch import solve_instance
     from kvstudy.optimum.checker import check
     from kvstudy.optimum.instance import synthetic
     from kvstudy.optimum.ip import solve
@@ -51,8 +52,6 @@ def study(model: int, trials: int, time_limit: float, seed: int = 0, lns_passes:
         status, proven, seconds = "skipped", False, 0.0
         if time_limit > 0:
             if solver == "branch":
-                from kvstudy.optimum.branch import solve_instance
-
                 res = solve_instance(inst, warm_start=best_start, time_limit=time_limit)
             else:
                 res = solve(inst, warm_start=best_start, time_limit=time_limit, solver=solver)
@@ -80,7 +79,7 @@ def main(argv=None) -> int:
     st.add_argument("--model", type=int, choices=(1, 2), required=True)
     st.add_argument("--trials", type=int, default=200)
     st.add_argument("--time-limit", type=float, default=60.0,
-                    help="seconds for the exact IP per instance (HiGHS); 0 skips it (bound = volume bound)")
+                    help="seconds for the exact method (--solver) per instance; 0 skips it (bound = volume bound)")
     st.add_argument("--lns", type=int, default=0, metavar="PASSES",
                     help="passes of large-neighbourhood search from MC-SF's schedule per instance (lns.py); 0 skips")
     st.add_argument("--lns-window", type=int, default=5)

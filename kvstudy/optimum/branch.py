@@ -125,8 +125,7 @@ def solve(arrival, prompt, output, budget, incumbent=None, lo: int = 0, hi: int 
                 return  # j can never be placed below this node
             options[j] = ps
             earliest[j] = int(ps[0])
-        total_earliest = sum(max(p_last, e) for e in earliest.values())
-        if cost + total_earliest >= best_cost:
+        if cost + sum(earliest.values()) >= best_cost:  # every earliest start is already >= p_last
             return
         # Heavy tails: rounds where a request holds more than half the largest budget still ahead cannot
         # overlap between two requests, and they are the last h rounds of each request. A one-machine
@@ -173,9 +172,6 @@ def solve(arrival, prompt, output, budget, incumbent=None, lo: int = 0, hi: int 
                         time.perf_counter() - started)
 
 
-__all__ = ["BranchResult", "solve"]
-
-
 def solve_instance(inst, warm_start=None, time_limit: float = 60.0):
     """The whole instance (budget M in every round up to the valid horizon), reported like ``ip.solve``: the
     status is "optimal" only when the search finished; otherwise the bound is the volume bound."""
@@ -191,3 +187,6 @@ def solve_instance(inst, warm_start=None, time_limit: float = 60.0):
     gap = (objective - bound) / objective if objective else float("nan")
     return IPResult("optimal" if res.proven else "time_limit", objective, bound, gap,
                     res.start if objective is not None else None, res.seconds, inst.n, res.nodes)
+
+
+__all__ = ["BranchResult", "solve", "solve_instance", "srpt_sum_of_completions"]

@@ -32,7 +32,7 @@ class LNSResult:
     initial: int
     moves: int  # accepted improving moves
     solves: int  # sub-IPs solved
-    unproven_solves: int  # sub-IPs stopped by their time limit (their incumbent is still feasible)
+    unproven_solves: int  # sub-problems stopped by their node or time limit (their incumbent is still feasible)
     seconds: float
 
 

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from kvstudy.optimum import branch
+from kvstudy.optimum.bounds import block_bound, srpt_sum_of_completions, volume_bound
 from kvstudy.optimum.checker import check
 from kvstudy.optimum.instance import Instance, synthetic
 from kvstudy.optimum.ip import brute_force, build, indicator, solve
@@ -45,7 +46,25 @@ def test_branch_node_limit_is_never_called_proven():
 
 def test_srpt_on_a_hand_worked_example():
     # job A (release 0, 4) runs 0-1, B (release 1, 1) preempts: done at 2, A resumes, done at 5; C at 5 -> 7
-    assert branch.srpt_sum_of_completions([0, 1, 5], [4, 1, 2]) == 2 + 5 + 7
+    assert srpt_sum_of_completions([0, 1, 5], [4, 1, 2]) == 2 + 5 + 7
+
+
+def test_block_bound_is_tight_on_two_heavy_requests():
+    # M = 10, two requests peaking at 9: the second cannot be active when the first peaks (it would hold >= 2),
+    # so it starts at 8 at the earliest: OPT = 8 + 16. Tails (> 5 tokens) are 4 rounds, gaps after them 4.
+    inst = Instance(np.zeros(2, int), np.array([1, 1]), np.array([8, 8]), 10)
+    assert block_bound(inst) == brute_force(inst) == 24
+    assert volume_bound(inst) < 24
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_bounds_stay_below_the_proven_optimum(seed):
+    # heavy requests, large prompts (the gap after a tail depends on them) and arrivals over time
+    inst = tiny(300 + seed, n=5, memory=(10, 20), prompt_max=5, arrival_max=6)
+    ip = solve(inst, warm_start=starts(inst, MCSF()), time_limit=60)
+    assert ip.proven_optimal
+    assert block_bound(inst) <= ip.objective and volume_bound(inst) <= ip.objective
+    assert check(inst, exact_by_branch(inst).start) == ip.objective  # its pruning uses the block bound
 
 
 @pytest.mark.parametrize("model", [1, 2])

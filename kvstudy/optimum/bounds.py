@@ -1,4 +1,4 @@
-"""Lower bounds on the optimal total latency that scale to 1,000+ requests (Jaillet et al., Lemma 4.7).
+"""Lower bounds on the optimal total latency that scale to 1,000+ requests.
 
 ``volume_bound``: the LP (9) relaxation. A request with output o and prompt s occupies
 vol = s*o + o(o+1)/2 token-rounds, all inside rounds 1..c where c is its completion round, and M
@@ -7,12 +7,41 @@ Minimising the sum of completion rounds under that constraint alone is solved ex
 in increasing order of volume (the exchange argument after LP (9)), fractionally. With arrivals the
 bound on total latency is LP9 - sum(a), since sum(c) >= LP9 for any feasible schedule. Every request
 also needs at least o rounds after arriving, so latency >= sum(o); the bound is the larger of the two.
+
+``block_bound``: heavy tails with their after-gaps on one machine (derived here, not in the paper; see
+``heavy_completion_bound``). It is usually the stronger of the two when requests arrive over time.
+``best_bound`` is the larger of the two; both take O(n log n).
 """
 from __future__ import annotations
+
+import heapq
 
 import numpy as np
 
 from kvstudy.optimum.instance import Instance
+
+
+def srpt_sum_of_completions(release, processing) -> int:
+    """Optimal sum of completion times on one machine with release dates and preemption (SRPT rule)."""
+    jobs = sorted(zip(release, processing))
+    left = []
+    t = total = 0
+    i = 0
+    while i < len(jobs) or left:
+        if not left and t < jobs[i][0]:
+            t = jobs[i][0]
+        while i < len(jobs) and jobs[i][0] <= t:
+            heapq.heappush(left, jobs[i][1])
+            i += 1
+        rem = heapq.heappop(left)
+        next_release = jobs[i][0] if i < len(jobs) else None
+        if next_release is not None and t + rem > next_release:
+            heapq.heappush(left, rem - (next_release - t))
+            t = next_release
+        else:
+            t += rem
+            total += t
+    return total
 
 
 def lp9_sum_of_completions(prompt, output, capacity: int) -> float:
@@ -39,3 +68,45 @@ def lp9_sum_of_completions(prompt, output, capacity: int) -> float:
 def volume_bound(inst: Instance) -> float:
     lp9 = lp9_sum_of_completions(inst.prompt, inst.output, inst.capacity) - float(np.sum(inst.arrival))
     return max(lp9, float(np.sum(inst.output)))
+
+
+def heavy_completion_bound(earliest_start, prompt, output, capacity: int):
+    """Lower bound on the sum of completion rounds of the *heavy* requests, and their mask.
+
+    Rounds follow ``checker.py``: started at S, a request holds s + t - S tokens in rounds S+1 .. C, C = S + o,
+    peaking at P = s + o in round C. Let theta = capacity // 2 and call a request heavy if P > theta.
+    (i) Its *tail*, the rounds where it holds more than theta tokens, is its last L = min(o, P - theta)
+        rounds, and two tails never share a round (2 (theta + 1) > capacity).
+    (ii) If heavy j finishes after heavy i, at least beta_i = max(0, min(P_i + theta - capacity,
+        theta - s_max)) rounds separate i's tail from j's (s_max: the largest prompt of a heavy request).
+        If j is active in round C_i it holds at most capacity - P_i tokens there, gains one per round and
+        enters its tail above theta, so theta - (capacity - P_i) rounds pass first; if j starts at or after
+        C_i it holds s_j + 1 in its first round, so theta - s_j rounds pass before its tail.
+    So the blocks [C_i - L_i + 1, C_i + beta_i] of the heavy requests are disjoint: a one-machine schedule of
+    jobs with processing L + beta, released at earliest_start + o - L. Its optimal sum of completions with
+    preemption allowed (SRPT) is at most sum(C + beta) of any feasible schedule, so
+    sum_heavy C >= SRPT - sum(beta). With capacity = max memory available in the rounds ahead it also holds
+    under a round-by-round budget below M (branch.py)."""
+    e, s, o = (np.asarray(x, dtype=np.int64) for x in (earliest_start, prompt, output))
+    theta = int(capacity) // 2
+    peak = s + o
+    heavy = peak > theta
+    if not heavy.any():
+        return 0, heavy
+    tail = np.minimum(o, peak - theta)[heavy]
+    beta = np.maximum(0, np.minimum(peak[heavy] + theta - capacity, theta - int(s[heavy].max())))
+    blocks = srpt_sum_of_completions((e[heavy] + o[heavy] - tail).tolist(), (tail + beta).tolist())
+    return int(blocks - beta.sum()), heavy
+
+
+def block_bound(inst: Instance) -> float:
+    """Total-latency bound from ``heavy_completion_bound``: heavy requests by their blocks, the others by
+    a + o (they cannot finish sooner)."""
+    heavy_sum, heavy = heavy_completion_bound(inst.arrival, inst.prompt, inst.output, inst.capacity)
+    light = inst.arrival[~heavy] + inst.output[~heavy]
+    return float(heavy_sum + light.sum() - inst.arrival.sum())
+
+
+def best_bound(inst: Instance) -> float:
+    """The larger of ``volume_bound`` and ``block_bound``."""
+    return max(volume_bound(inst), block_bound(inst))

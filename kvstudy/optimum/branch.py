@@ -16,12 +16,13 @@ Exact when it returns ``proven=True``; a node or time limit returns the incumben
 """
 from __future__ import annotations
 
-import heapq
 import time
 from dataclasses import dataclass
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
+
+from kvstudy.optimum.bounds import heavy_completion_bound
 
 
 @dataclass
@@ -35,29 +36,6 @@ class BranchResult:
 
 class _Limit(Exception):
     pass
-
-
-def srpt_sum_of_completions(release, processing) -> int:
-    """Optimal sum of completion times on one machine with release dates and preemption (SRPT rule)."""
-    jobs = sorted(zip(release, processing))
-    left = []
-    t = total = 0
-    i = 0
-    while i < len(jobs) or left:
-        if not left and t < jobs[i][0]:
-            t = jobs[i][0]
-        while i < len(jobs) and jobs[i][0] <= t:
-            heapq.heappush(left, jobs[i][1])
-            i += 1
-        rem = heapq.heappop(left)
-        next_release = jobs[i][0] if i < len(jobs) else None
-        if next_release is not None and t + rem > next_release:
-            heapq.heappush(left, rem - (next_release - t))
-            t = next_release
-        else:
-            t += rem
-            total += t
-    return total
 
 
 def solve(arrival, prompt, output, budget, incumbent=None, lo: int = 0, hi: int | None = None,
@@ -127,18 +105,14 @@ def solve(arrival, prompt, output, budget, incumbent=None, lo: int = 0, hi: int 
             earliest[j] = int(ps[0])
         if cost + sum(earliest.values()) >= best_cost:  # every earliest start is already >= p_last
             return
-        # Heavy tails: rounds where a request holds more than half the largest budget still ahead cannot
-        # overlap between two requests, and they are the last h rounds of each request. A one-machine
-        # relaxation (release = earliest start + o - h, processing h, preemption allowed: SRPT is optimal)
-        # bounds the sum of their completions, hence of their starts.
-        half = int(r[p_last + 1:].max()) // 2 if p_last + 1 <= H else 0
-        heavy = [j for j in remaining if s[j] + o[j] > half]
-        if len(heavy) > 1:
-            h = {j: int(min(o[j], s[j] + o[j] - half)) for j in heavy}
-            completions = srpt_sum_of_completions([earliest[j] + int(o[j]) - h[j] for j in heavy],
-                                                  [h[j] for j in heavy])
-            light = sum(earliest[j] for j in remaining if j not in h)
-            if cost + light + completions - sum(int(o[j]) for j in heavy) >= best_cost:
+        # Heavy tails and the gaps after them (bounds.heavy_completion_bound, with the largest budget still
+        # ahead as capacity) bound the sum of the heavy requests' completions, hence of their starts.
+        capacity = int(r[p_last + 1:].max()) if p_last + 1 <= H else 0
+        heavy_sum, heavy = heavy_completion_bound([earliest[j] for j in remaining], s[remaining], o[remaining],
+                                                  capacity)
+        if heavy.sum() > 1:
+            light = sum(earliest[j] for j, h in zip(remaining, heavy) if not h)
+            if cost + light + heavy_sum - int(o[remaining][heavy].sum()) >= best_cost:
                 return
         # Try requests with the earliest feasible start first (shortest output breaks ties), as MC-SF would.
         for j in sorted(remaining, key=lambda q: (earliest[q], o[q], q)):
@@ -174,8 +148,8 @@ def solve(arrival, prompt, output, budget, incumbent=None, lo: int = 0, hi: int 
 
 def solve_instance(inst, warm_start=None, time_limit: float = 60.0):
     """The whole instance (budget M in every round up to the valid horizon), reported like ``ip.solve``: the
-    status is "optimal" only when the search finished; otherwise the bound is the volume bound."""
-    from kvstudy.optimum.bounds import volume_bound
+    status is "optimal" only when the search finished; otherwise the bound is ``bounds.best_bound``."""
+    from kvstudy.optimum.bounds import best_bound
     from kvstudy.optimum.checker import check
     from kvstudy.optimum.ip import IPResult
 
@@ -183,10 +157,10 @@ def solve_instance(inst, warm_start=None, time_limit: float = 60.0):
     res = solve(inst.arrival, inst.prompt, inst.output, budget, incumbent=warm_start, time_limit=time_limit,
                 node_limit=10**12)
     objective = check(inst, res.start) if res.start.min() >= 0 else None
-    bound = float(objective) if res.proven and objective is not None else volume_bound(inst)
+    bound = float(objective) if res.proven and objective is not None else best_bound(inst)
     gap = (objective - bound) / objective if objective else float("nan")
     return IPResult("optimal" if res.proven else "time_limit", objective, bound, gap,
                     res.start if objective is not None else None, res.seconds, inst.n, res.nodes)
 
 
-__all__ = ["BranchResult", "solve", "solve_instance", "srpt_sum_of_completions"]
+__all__ = ["BranchResult", "solve", "solve_instance"]

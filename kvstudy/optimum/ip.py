@@ -29,7 +29,7 @@ from kvstudy.optimum.instance import Instance
 class IPResult:
     status: str  # optimal | time_limit | error
     objective: Optional[int]  # total latency of the incumbent (checked)
-    bound: float  # best lower bound known: HiGHS's dual bound or the volume bound (bounds.py), the larger
+    bound: float  # best lower bound known: HiGHS's dual bound or bounds.best_bound, the larger
     gap: float  # (objective - bound) / objective
     start: Optional[np.ndarray]
     seconds: float
@@ -150,9 +150,9 @@ def solve(inst: Instance, warm_start: Optional[np.ndarray] = None, time_limit: f
         start = starts_of(values, var_req, var_start, inst.n)
         objective = check(inst, start)  # independent check of what the solver returned
         assert objective == round(info.objective_function_value), (objective, info.objective_function_value)
-    from kvstudy.optimum.bounds import volume_bound
+    from kvstudy.optimum.bounds import best_bound
 
-    bound = max(float(info.mip_dual_bound), volume_bound(inst))  # HiGHS reports -inf before its root LP
+    bound = max(float(info.mip_dual_bound), best_bound(inst))  # HiGHS reports -inf before its root LP
     if status == highspy.HighsModelStatus.kOptimal:
         label = "optimal"
     elif status == highspy.HighsModelStatus.kTimeLimit:
@@ -197,9 +197,9 @@ def _solve_gurobi(inst: Instance, warm_start, time_limit: float, threads: int, h
     if model.SolCount > 0:
         start = starts_of(x.X, var_req, var_start, inst.n)
         objective = check(inst, start)  # independent check of what the solver returned
-    from kvstudy.optimum.bounds import volume_bound
+    from kvstudy.optimum.bounds import best_bound
 
-    bound = max(float(model.ObjBound), volume_bound(inst))
+    bound = max(float(model.ObjBound), best_bound(inst))
     label = {GRB.OPTIMAL: "optimal", GRB.TIME_LIMIT: "time_limit"}.get(model.Status, f"error:{model.Status}")
     gap = (objective - bound) / objective if objective else float("nan")
     return IPResult(label, objective, bound, gap, start, seconds, nvar, eq.nnz + mem.nnz)

@@ -35,6 +35,9 @@ def small_results(tmp_path_factory):
     for model in (1, 2):
         run(["kvstudy.optimum", "study", "--model", str(model), "--trials", "2", "--time-limit", "1", "--lns", "1",
              "--out", str(root / "optimum" / f"model{model}.parquet")])
+    cut = ["kvstudy.optimum", "study", "--model", "1", "--trials", "2", "--cut", "8", "--lns", "1"]
+    run([*cut, "--time-limit", "5", "--solver", "branch", "--out", str(root / "optimum" / "model1_cut8.parquet")])
+    run([*cut, "--time-limit", "0", "--lp", "--out", str(root / "optimum" / "model1_lp.parquet")])
     return root
 
 

@@ -1,14 +1,16 @@
-"""``python -m kvstudy.optimum study --model 1 [--trials 200] [--time-limit 60] [--lns 2] [--out FILE]``
+"""``python -m kvstudy.optimum study --model 1 [--trials 200] [--time-limit 60] [--lns 2] [--lp] [--out FILE]``
 
 The synthetic study of Jaillet et al. Sec. 5.1 against the hindsight IP: per seeded trial, the MC-SF total
-latency, the best schedule large-neighbourhood search finds from it (``--lns``), the IP's status, incumbent,
-bound and gap (HiGHS, best schedule as warm start), the volume bound and the solve times. A ratio MC-SF / OPT is exact only where the IP proved optimality; elsewhere it lies in
-[MC-SF / incumbent, MC-SF / best bound]. Results are written as parquet (atomically) and summarised.
+latency, the best schedule large-neighbourhood search finds from it (``--lns``), the exact method's status,
+incumbent, bound and gap (best schedule as warm start), the volume and block bounds, optionally the LP
+relaxation with block rows (``--lp``), and the solve times. A ratio MC-SF / OPT is exact only where the exact
+method proved optimality; elsewhere it lies in [MC-SF / incumbent, MC-SF / best bound]. Results are written
+as parquet (atomically) and summarised.
 
 ``python -m kvstudy.optimum adversary``: Theorem 4.1's instance for every registered policy.
 
 ``python -m kvstudy.optimum bound +policy=mcsf +demand=high workload.num_requests=1000``: a policy's total
-latency on a large workload in the unit-time model over the best valid lower bound (volume bound, bucketed LP
+latency on a large workload in the unit-time model over the best valid lower bound (volume, block, bucketed LP
 relaxation), an upper bound on its optimality gap where the IP is out of reach (``at_scale.py``).
 """
 from __future__ import annotations
@@ -25,13 +27,14 @@ from kvstudy.errors import cli_entry
 
 
 def study(model: int, trials: int, time_limit: float, seed: int = 0, lns_passes: int = 0,
-          lns_window: int = 5, solver: str = "highs", cut: int = 0) -> pd.DataFrame:
+          lns_window: int = 5, solver: str = "highs", cut: int = 0, lp: bool = False) -> pd.DataFrame:
     from kvstudy.optimum.bounds import block_bound, volume_bound
     from kvstudy.optimum.branch import solve_instance
     from kvstudy.optimum.checker import check
     from kvstudy.optimum.instance import synthetic
     from kvstudy.optimum.ip import solve
     from kvstudy.optimum.lns import improve
+    from kvstudy.optimum.lp_bound import lp_bound
     from kvstudy.optimum.online import starts
     from kvstudy.policies.mcsf import MCSF
 
@@ -50,6 +53,10 @@ def study(model: int, trials: int, time_limit: float, seed: int = 0, lns_passes:
             best, best_start = lns.objective, lns.start
         row.update(volume_bound=volume_bound(inst), block_bound=block_bound(inst))
         bound = max(row["volume_bound"], row["block_bound"])
+        if lp:  # LP relaxation with block rows; the best schedule's makespan is a valid horizon (lp_bound.py)
+            res = lp_bound(inst, horizon=int((best_start + inst.output).max()))
+            row.update(lp_bound=res.value, lp_seconds=res.seconds)
+            bound = max(bound, res.value)
         status, proven, seconds = "skipped", False, 0.0
         if time_limit > 0:
             if solver == "branch":
@@ -88,6 +95,8 @@ def main(argv=None) -> int:
                     help="exact method: the IP with HiGHS or Gurobi, or kvstudy's branch-and-bound (branch.py)")
     st.add_argument("--cut", type=int, default=0, metavar="N",
                     help="keep only the first N requests of each drawn instance (0: all, the paper's sizes)")
+    st.add_argument("--lp", action="store_true",
+                    help="also the LP relaxation with block rows (lp_bound.py; ~15-60 s per paper-size instance)")
     st.add_argument("--seed", type=int, default=0)
     st.add_argument("--out", type=Path, default=None)
     adv = sub.add_parser("adversary")
@@ -122,8 +131,9 @@ def main(argv=None) -> int:
     if args.cut < 0:
         parser.error(f"--cut {args.cut}: allowed 0 (all requests) or a positive number")
     df = study(args.model, args.trials, args.time_limit, args.seed, args.lns, args.lns_window, args.solver,
-               args.cut)
-    out = args.out or Path(f"outputs/optimum/model{args.model}{f'_cut{args.cut}' if args.cut else ''}.parquet")
+               args.cut, args.lp)
+    tag = (f"_cut{args.cut}" if args.cut else "") + ("_lp" if args.lp else "")
+    out = args.out or Path(f"outputs/optimum/model{args.model}{tag}.parquet")
     write_atomic(out, lambda tmp: df.to_parquet(tmp, index=False))
     proven = df["proven_optimal"]
     print(f"proven optimal: {int(proven.sum())} of {len(df)}; solve time total {df['seconds'].sum():.0f} s, "

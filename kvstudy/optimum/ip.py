@@ -6,13 +6,14 @@
          x_{i,t} in {0, 1}                                                                  (4)
 
 Start variables run from a_i to T - o_i with the provably valid horizon T = max a + sum(o + 1)
-(``Instance.horizon``). By default the model also carries valid inequalities that cut off no feasible schedule:
-per round t, at most one heavy request's *block* covers t (``block_rows``; the blocks of
+(``Instance.horizon``). By default the model also carries valid inequalities that cut off no feasible
+schedule: per round t, at most one heavy request's *block* covers t (``block_rows``; the blocks of
 ``bounds.heavy_completion_bound``: a request's rounds above M/2 and the gap they force before the next such
-tail). They lift the LP relaxation far above that of (1)-(4) alone; ``blocks=False`` solves (1)-(4) bare. The MC-SF schedule is given to HiGHS as a starting solution. ``solver="gurobi"`` sends the same model to Gurobi when
-gurobipy and a licence are present (the paper's solver). A run stopped by the
-time limit reports its incumbent, HiGHS's best bound and the gap, and is never called optimal; every
-returned schedule goes through the independent checker (``checker.check``).
+tail). They lift the LP relaxation far above that of (1)-(4) alone; ``blocks=False`` solves (1)-(4) bare.
+The MC-SF schedule is given to HiGHS as a starting solution. ``solver="gurobi"`` sends the same model to
+Gurobi when gurobipy and a licence are present (the paper's solver). A run stopped by the time limit reports
+its incumbent, HiGHS's best bound and the gap, and is never called optimal; every returned schedule goes
+through the independent checker (``checker.check``).
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import numpy as np
 from scipy import sparse
 
 from kvstudy.errors import ConfigError
+from kvstudy.optimum.bounds import best_bound, heavy_blocks
 from kvstudy.optimum.checker import check, total_latency
 from kvstudy.optimum.instance import Instance
 
@@ -74,8 +76,6 @@ def block_rows(inst: Instance, var_req, k_min, k_max, rounds) -> sparse.csr_matr
     [k_min[v], k_max[v]]) has a 1 in the rounds its heavy block covers for *every* such start,
     k_max + o - L + 1 .. k_min + o + beta (``bounds.heavy_blocks``). Blocks of two heavy requests never
     overlap, so each row's sum is at most 1 in every feasible schedule."""
-    from kvstudy.optimum.bounds import heavy_blocks
-
     heavy, tail, beta = heavy_blocks(inst.prompt, inst.output, inst.capacity)
     var_req, k_min, k_max = (np.asarray(x, dtype=np.int64) for x in (var_req, k_min, k_max))
     rounds = np.asarray(rounds, dtype=np.int64)
@@ -184,8 +184,6 @@ def solve(inst: Instance, warm_start: Optional[np.ndarray] = None, time_limit: f
         start = starts_of(values, var_req, var_start, inst.n)
         objective = check(inst, start)  # independent check of what the solver returned
         assert objective == round(info.objective_function_value), (objective, info.objective_function_value)
-    from kvstudy.optimum.bounds import best_bound
-
     bound = max(float(info.mip_dual_bound), best_bound(inst))  # HiGHS reports -inf before its root LP
     if status == highspy.HighsModelStatus.kOptimal:
         label = "optimal"
@@ -234,8 +232,6 @@ def _solve_gurobi(inst: Instance, warm_start, time_limit: float, threads: int, h
     if model.SolCount > 0:
         start = starts_of(x.X, var_req, var_start, inst.n)
         objective = check(inst, start)  # independent check of what the solver returned
-    from kvstudy.optimum.bounds import best_bound
-
     bound = max(float(model.ObjBound), best_bound(inst))
     label = {GRB.OPTIMAL: "optimal", GRB.TIME_LIMIT: "time_limit"}.get(model.Status, f"error:{model.Status}")
     gap = (objective - bound) / objective if objective else float("nan")

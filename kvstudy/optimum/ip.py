@@ -93,6 +93,13 @@ def block_rows(inst: Instance, var_req, k_min, k_max, rounds) -> sparse.csr_matr
     return sparse.csr_matrix((np.ones(len(rows)), (rows, cols)), shape=(len(rounds), len(var_req)))
 
 
+def _model_block_rows(inst: Instance, var_req, var_start, num_rounds: int, blocks: bool) -> sparse.csr_matrix:
+    """``block_rows`` for ``build``'s variables (one start each, rows = rounds 1..num_rounds); none if off."""
+    if not blocks:
+        return sparse.csr_matrix((0, len(var_req)))
+    return block_rows(inst, var_req, var_start, var_start, np.arange(1, num_rounds + 1))
+
+
 def indicator(var_req, var_start, start) -> np.ndarray:
     """The 0/1 vector x of ``build``'s variables that encodes a start vector."""
     index = {(int(r), int(k)): v for v, (r, k) in enumerate(zip(var_req, var_start))}
@@ -160,7 +167,7 @@ def solve(inst: Instance, warm_start: Optional[np.ndarray] = None, time_limit: f
     started = time.perf_counter()
     cost, eq, mem, var_req, var_start, constant = build(inst, horizon)
     nvar = len(cost)
-    packing = block_rows(inst, var_req, var_start, var_start, np.arange(1, mem.shape[0] + 1)) if blocks else None
+    packing = _model_block_rows(inst, var_req, var_start, mem.shape[0], blocks)
     h, A = highs_model(cost, eq, mem, inst.capacity, constant, upper=1.0, integer=not relax,
                        time_limit=time_limit, threads=threads, packing=packing)
     if warm_start is not None and not relax:
@@ -217,8 +224,7 @@ def _solve_gurobi(inst: Instance, warm_start, time_limit: float, threads: int, h
         model.ObjCon = constant
         model.addMConstr(eq, x, "=", np.ones(inst.n))
         model.addMConstr(mem, x, "<", np.full(mem.shape[0], float(inst.capacity)))
-        packing = block_rows(inst, var_req, var_start, var_start, np.arange(1, mem.shape[0] + 1)) if blocks \
-            else sparse.csr_matrix((0, nvar))
+        packing = _model_block_rows(inst, var_req, var_start, mem.shape[0], blocks)
         model.addMConstr(packing, x, "<", np.ones(packing.shape[0]))
         if warm_start is not None:
             check(inst, warm_start)

@@ -110,3 +110,23 @@ def algorithm_1(inst: Instance) -> np.ndarray:
 def test_engine_mcsf_matches_a_direct_reading_of_algorithm_1(model, seed):
     inst = synthetic(model, np.random.default_rng([seed, model]))
     assert np.array_equal(starts(inst, MCSF()), algorithm_1(inst))
+
+
+def test_highs_proves_by_absolute_gap_below_one_not_relative_gap():
+    # at paper sizes HiGHS's default relative gap (1e-4) exceeds one latency unit: optimality must mean gap < 1
+    from kvstudy.optimum.ip import build, highs_model
+
+    inst = tiny(5)
+    cost, eq, mem, *_rest, constant = build(inst)
+    h, _ = highs_model(cost, eq, mem, inst.capacity, constant, upper=1.0, integer=True, time_limit=5)
+    assert h.getOptionValue("mip_rel_gap")[1] == 0.0
+    assert 0.99 < h.getOptionValue("mip_abs_gap")[1] < 1.0
+
+
+def test_study_runs_the_exact_method_only_up_to_exact_max_n():
+    from kvstudy.optimum.__main__ import study
+
+    skipped = study(1, trials=1, time_limit=5, cut=6, exact_max_n=5)
+    solved = study(1, trials=1, time_limit=5, cut=6, exact_max_n=6)
+    assert skipped["ip_status"].tolist() == ["skipped"] and not skipped["proven_optimal"].any()
+    assert solved["proven_optimal"].all() and solved["incumbent"].iloc[0] <= skipped["incumbent"].iloc[0]

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from kvstudy.optimum import branch
-from kvstudy.optimum.bounds import block_bound, srpt_sum_of_completions, volume_bound
+from kvstudy.optimum.bounds import block_bound, latest_starts, srpt_sum_of_completions, volume_bound
 from kvstudy.optimum.checker import check
 from kvstudy.optimum.instance import Instance, synthetic
 from kvstudy.optimum.ip import brute_force, build, indicator, solve
@@ -69,6 +69,28 @@ def test_bounds_stay_below_the_proven_optimum(seed):
     assert solve(inst, time_limit=60, blocks=False).objective == ip.objective
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_latest_starts_keep_every_optimal_schedule(seed):
+    from itertools import product
+
+    from kvstudy.optimum.checker import InfeasibleSchedule
+
+    inst = tiny(400 + seed, n=3, memory=(8, 14), prompt_max=3, arrival_max=4)
+    T = inst.horizon()
+    values = {}
+    for start in product(*[range(int(a), T - int(o) + 1) for a, o in zip(inst.arrival, inst.output)]):
+        try:
+            values[start] = check(inst, np.array(start))
+        except InfeasibleSchedule:
+            pass
+    opt = min(values.values())
+    latest = latest_starts(inst, opt)
+    optimal = [st for st, v in values.items() if v == opt]
+    assert all((np.array(st) <= latest).all() for st in optimal)
+    # and it does cut: some feasible schedule lies outside (else the test could not fail on a loose bound)
+    assert any((np.array(st) > latest).any() for st in values)
+
+
 def test_block_rows_lift_the_lp_relaxation():
     full = synthetic(1, np.random.default_rng(np.random.SeedSequence([0, 1]).spawn(1)[0]))
     inst = Instance(full.arrival[:10], full.prompt[:10], full.output[:10], full.capacity)
@@ -123,3 +145,21 @@ def test_gap_bound_at_scale_brackets_the_policy():
     row = gap_bound(["+policy=mcsf", "+demand=high", "workload.num_requests=300"])
     assert row["n"] == 300 and row["lp_status"] == "optimal"
     assert row["best_bound"] <= row["policy_latency"] and row["ratio_at_most"] >= 1.0
+
+
+def test_symmetry_breaking_among_identical_requests_keeps_the_optimum():
+    from kvstudy.optimum.ip import sort_twins, twins
+
+    # three identical requests (and a pair) all at round 0: many equal-cost orders of the same schedule
+    inst = Instance(np.zeros(6, int), np.array([2, 1, 2, 2, 1, 3]), np.array([7, 4, 7, 7, 4, 5]), 14)
+    assert sorted(twins(inst)) == [(0, 2), (1, 4), (2, 3)]
+    warm = starts(inst, MCSF())
+    reversed_twins = warm.copy()
+    reversed_twins[[0, 2, 3]] = np.sort(warm[[0, 2, 3]])[::-1]
+    assert check(inst, sort_twins(inst, reversed_twins)) == check(inst, reversed_twins)
+    with_rows = solve(inst, warm_start=reversed_twins, time_limit=60)
+    without = solve(inst, warm_start=reversed_twins, time_limit=60, symmetry=False)
+    assert with_rows.proven_optimal and without.proven_optimal
+    assert with_rows.objective == without.objective == check(inst, exact_by_branch(inst).start)
+    s = with_rows.start
+    assert s[0] <= s[2] <= s[3] and s[1] <= s[4]

@@ -27,7 +27,8 @@ from kvstudy.errors import cli_entry
 
 
 def study(model: int, trials: int, time_limit: float, seed: int = 0, lns_passes: int = 0,
-          lns_window: int = 5, solver: str = "highs", cut: int = 0, lp: bool = False) -> pd.DataFrame:
+          lns_window: int = 5, solver: str = "highs", cut: int = 0, lp: bool = False,
+          exact_max_n: int = 0) -> pd.DataFrame:
     from kvstudy.optimum.bounds import block_bound, volume_bound
     from kvstudy.optimum.branch import solve_instance
     from kvstudy.optimum.checker import check
@@ -58,7 +59,7 @@ def study(model: int, trials: int, time_limit: float, seed: int = 0, lns_passes:
             row.update(lp_bound=res.value, lp_seconds=res.seconds)
             bound = max(bound, res.value)
         status, proven, seconds = "skipped", False, 0.0
-        if time_limit > 0:
+        if time_limit > 0 and (exact_max_n <= 0 or inst.n <= exact_max_n):
             if solver == "branch":
                 res = solve_instance(inst, warm_start=best_start, time_limit=time_limit)
             else:
@@ -93,6 +94,9 @@ def main(argv=None) -> int:
     st.add_argument("--lns-window", type=int, default=5)
     st.add_argument("--solver", choices=("highs", "gurobi", "branch"), default="highs",
                     help="exact method: the IP with HiGHS or Gurobi, or kvstudy's branch-and-bound (branch.py)")
+    st.add_argument("--exact-max-n", type=int, default=0, metavar="N",
+                    help="run the exact method only on instances of at most N requests (0: on all); the others "
+                         "keep LNS and bounds, ip_status 'skipped'")
     st.add_argument("--cut", type=int, default=0, metavar="N",
                     help="keep only the first N requests of each drawn instance (0: all, the paper's sizes)")
     st.add_argument("--lp", action="store_true",
@@ -130,9 +134,12 @@ def main(argv=None) -> int:
         return 0
     if args.cut < 0:
         parser.error(f"--cut {args.cut}: allowed 0 (all requests) or a positive number")
+    if args.exact_max_n < 0:
+        parser.error(f"--exact-max-n {args.exact_max_n}: allowed 0 (every instance) or a positive number")
     df = study(args.model, args.trials, args.time_limit, args.seed, args.lns, args.lns_window, args.solver,
-               args.cut, args.lp)
-    tag = (f"_cut{args.cut}" if args.cut else "") + ("_lp" if args.lp else "")
+               args.cut, args.lp, args.exact_max_n)
+    tag = (f"_cut{args.cut}" if args.cut else "") + ("_lp" if args.lp else "") + \
+        (f"_exact{args.exact_max_n}" if args.exact_max_n and args.time_limit > 0 else "")
     out = args.out or Path(f"outputs/optimum/model{args.model}{tag}.parquet")
     write_atomic(out, lambda tmp: df.to_parquet(tmp, index=False))
     proven = df["proven_optimal"]

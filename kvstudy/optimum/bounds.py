@@ -122,3 +122,25 @@ def block_bound(inst: Instance) -> float:
 def best_bound(inst: Instance) -> float:
     """The larger of ``volume_bound`` and ``block_bound``."""
     return max(volume_bound(inst), block_bound(inst))
+
+
+def latest_starts(inst: Instance, upper: float) -> np.ndarray:
+    """Per request, the latest start any schedule of total latency <= ``upper`` can give it.
+
+    Dropping request i from a feasible schedule leaves a feasible schedule of the other requests, so their
+    total latency is at least L_i = ceil(best_bound(instance without i)) (latencies are integers), and
+    S_i + o_i - a_i <= upper - L_i. With ``upper`` the value of a known schedule, every optimal schedule (and
+    that schedule) keeps S_i <= floor(upper) - L_i - o_i + a_i, so the IP needs no start variable past it.
+    Measured on Sec. 5.1 draws: on small Arrival Model 2 ones (n = 18-20) it removes 12-40% of the variables
+    of ``Instance.horizon``; at the paper's sizes the bounds sit ~30% below the best schedules and it
+    removes none."""
+    n = inst.n
+    latest = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        rest = 0
+        if n > 1:
+            keep = np.arange(n) != i
+            others = Instance(inst.arrival[keep], inst.prompt[keep], inst.output[keep], inst.capacity)
+            rest = int(np.ceil(best_bound(others) - 1e-9))
+        latest[i] = int(np.floor(upper + 1e-9)) - rest - inst.output[i] + inst.arrival[i]
+    return latest

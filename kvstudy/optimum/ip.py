@@ -10,10 +10,15 @@ Start variables run from a_i to T - o_i with the provably valid horizon T = max 
 schedule: per round t, at most one heavy request's *block* covers t (``block_rows``; the blocks of
 ``bounds.heavy_completion_bound``: a request's rounds above M/2 and the gap they force before the next such
 tail). They lift the LP relaxation far above that of (1)-(4) alone; ``blocks=False`` solves (1)-(4) bare.
-The MC-SF schedule is given to HiGHS as a starting solution. ``solver="gurobi"`` sends the same model to
-Gurobi when gurobipy and a licence are present (the paper's solver). A run stopped by the time limit reports
-its incumbent, HiGHS's best bound and the gap, and is never called optimal; every returned schedule goes
-through the independent checker (``checker.check``).
+Identical requests (same a, s, o) start in index order (``twin_rows``, symmetry breaking: swapping
+their starts changes nothing, so no optimum is lost; ``symmetry=False`` drops it). A warm start (MC-SF's or a
+better schedule) is given to HiGHS as a starting solution, and its value caps
+every request's start (``bounds.latest_starts``: the others' latency is at least a lower bound, so a later
+start cannot beat it), which removes variables and shortens the horizon. Optimality is declared at an absolute
+gap below 1 (objective (1) takes integer values), never by HiGHS's default relative gap of 1e-4.
+``solver="gurobi"`` sends the same model to Gurobi when gurobipy and a licence are present (the paper's
+solver). A run stopped by the time limit reports its incumbent, HiGHS's best bound and the gap, and is never
+called optimal; every returned schedule goes through the independent checker (``checker.check``).
 """
 from __future__ import annotations
 
@@ -25,9 +30,12 @@ import numpy as np
 from scipy import sparse
 
 from kvstudy.errors import ConfigError
-from kvstudy.optimum.bounds import best_bound, heavy_blocks
+from kvstudy.optimum.bounds import best_bound, heavy_blocks, latest_starts
 from kvstudy.optimum.checker import check, total_latency
 from kvstudy.optimum.instance import Instance
+
+
+_INTEGER_GAP = 1.0 - 1e-6  # objective (1) takes integer values: a gap below 1 leaves no better schedule
 
 
 @dataclass
@@ -46,12 +54,17 @@ class IPResult:
         return self.status == "optimal"
 
 
-def build(inst: Instance, horizon: Optional[int] = None):
-    """Sparse model: (cost, A_eq rows (2), A_mem rows (3), var_request, var_start, constant)."""
+def build(inst: Instance, horizon: Optional[int] = None, latest: Optional[np.ndarray] = None):
+    """Sparse model: (cost, A_eq rows (2), A_mem rows (3), var_request, var_start, constant). ``latest``:
+    optional per-request last start (``bounds.latest_starts``); the horizon shrinks to what it leaves."""
     T = horizon or inst.horizon()
+    last = T - inst.output
+    if latest is not None:
+        last = np.minimum(last, latest)
+        T = int(min(T, (last + inst.output).max()))
     req, start = [], []
     for i in range(inst.n):
-        ks = np.arange(inst.arrival[i], T - inst.output[i] + 1)
+        ks = np.arange(inst.arrival[i], last[i] + 1)
         req.append(np.full(len(ks), i))
         start.append(ks)
     var_req = np.concatenate(req)
@@ -109,6 +122,45 @@ def indicator(var_req, var_start, start) -> np.ndarray:
     return x
 
 
+def twins(inst: Instance) -> list:
+    """Pairs (i, j), i < j, of identical requests (same a, s, o), each request paired with the next identical one."""
+    last, pairs = {}, []
+    for j, key in enumerate(zip(inst.arrival.tolist(), inst.prompt.tolist(), inst.output.tolist())):
+        if key in last:
+            pairs.append((last[key], j))
+        last[key] = j
+    return pairs
+
+
+def twin_rows(inst: Instance, var_req, var_start) -> sparse.csr_matrix:
+    """Symmetry breaking among identical requests: one row per ``twins`` pair, S_i - S_j <= 0 written in the
+    start variables. Exchanging the starts of two identical requests changes neither feasibility nor cost, so
+    some optimal schedule keeps identical requests in index order (``sort_twins`` puts a warm start there)."""
+    pairs = twins(inst)
+    rows, cols, vals = [], [], []
+    for r, (i, j) in enumerate(pairs):
+        for req, sign in ((i, 1.0), (j, -1.0)):
+            v = np.flatnonzero(var_req == req)
+            rows.append(np.full(len(v), r))
+            cols.append(v)
+            vals.append(sign * var_start[v])
+    if not pairs:
+        return sparse.csr_matrix((0, len(var_req)))
+    return sparse.csr_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
+                             shape=(len(pairs), len(var_req)))
+
+
+def sort_twins(inst: Instance, start) -> np.ndarray:
+    """The same schedule with the starts of each group of identical requests in index order (same cost)."""
+    start = np.asarray(start, dtype=np.int64).copy()
+    groups = {}
+    for i, key in enumerate(zip(inst.arrival.tolist(), inst.prompt.tolist(), inst.output.tolist())):
+        groups.setdefault(key, []).append(i)
+    for members in groups.values():
+        start[members] = np.sort(start[members])
+    return start
+
+
 def starts_of(values, var_req, var_start, n: int) -> np.ndarray:
     """The start vector a (near-)0/1 solution of ``build``'s variables encodes."""
     chosen = np.asarray(values) > 0.5
@@ -118,25 +170,27 @@ def starts_of(values, var_req, var_start, n: int) -> np.ndarray:
 
 
 def highs_model(cost, eq, mem, capacity: int, constant: float, upper: float, integer: bool, time_limit: float,
-                threads: int = 1, packing=None):
+                threads: int = 1, packing=None, order=None):
     """A HiGHS instance holding  min cost.x + constant  s.t.  eq x = 1,  mem x <= capacity,  packing x <= 1,
-    0 <= x <= upper (binary if ``integer``); returns it with the stacked constraint matrix."""
+    order x <= 0,  0 <= x <= upper (binary if ``integer``); returns it with the stacked constraint matrix."""
     import highspy
 
     nvar = len(cost)
     if packing is None:
         packing = sparse.csr_matrix((0, nvar))
-    A = sparse.vstack([eq, mem, packing]).tocsc()
+    if order is None:
+        order = sparse.csr_matrix((0, nvar))
+    A = sparse.vstack([eq, mem, packing, order]).tocsc()
     lp = highspy.HighsLp()
     lp.num_col_ = nvar
     lp.num_row_ = A.shape[0]
     lp.col_cost_ = np.asarray(cost, dtype=float)
     lp.col_lower_ = np.zeros(nvar)
     lp.col_upper_ = np.full(nvar, upper)
-    free_rows = mem.shape[0] + packing.shape[0]
+    free_rows = mem.shape[0] + packing.shape[0] + order.shape[0]
     lp.row_lower_ = np.concatenate([np.ones(eq.shape[0]), np.full(free_rows, -highspy.kHighsInf)])
     lp.row_upper_ = np.concatenate([np.ones(eq.shape[0]), np.full(mem.shape[0], float(capacity)),
-                                    np.ones(packing.shape[0])])
+                                    np.ones(packing.shape[0]), np.zeros(order.shape[0])])
     lp.offset_ = float(constant)
     lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
     lp.a_matrix_.start_ = A.indptr
@@ -146,6 +200,12 @@ def highs_model(cost, eq, mem, capacity: int, constant: float, upper: float, int
         lp.integrality_ = [highspy.HighsVarType.kInteger] * nvar
     h = highspy.Highs()
     h.setOptionValue("output_flag", False)
+    if integer:
+        # HiGHS calls a run optimal at a relative gap of 1e-4 by default: at ~16,000 (a 60-request instance)
+        # that is a gap of 1.6 latency units, so a better schedule could remain. Objective (1) is an integer
+        # (integer starts, o, a), so an absolute gap below 1 proves optimality and the relative one is off.
+        h.setOptionValue("mip_rel_gap", 0.0)
+        h.setOptionValue("mip_abs_gap", _INTEGER_GAP)
     h.setOptionValue("time_limit", float(time_limit))
     h.setOptionValue("threads", int(threads))
     h.setOptionValue("random_seed", 0)
@@ -155,21 +215,29 @@ def highs_model(cost, eq, mem, capacity: int, constant: float, upper: float, int
 
 def solve(inst: Instance, warm_start: Optional[np.ndarray] = None, time_limit: float = 60.0,
           threads: int = 1, horizon: Optional[int] = None, relax: bool = False, solver: str = "highs",
-          blocks: bool = True) -> IPResult:
+          blocks: bool = True, symmetry: bool = True) -> IPResult:
     """Solve (1)-(4) with ``solver`` = "highs" (highspy, the default) or "gurobi" (gurobipy with a licence);
-    ``blocks`` adds the valid ``block_rows``."""
+    ``blocks`` adds the valid ``block_rows``, ``symmetry`` the ``twin_rows`` (integer solves only: the
+    relaxation stays that of the model without them). A warm start also bounds every start from above
+    (``bounds.latest_starts`` with its total latency): no schedule at least as good is cut off."""
     if solver == "gurobi":
-        return _solve_gurobi(inst, warm_start, time_limit, threads, horizon, blocks)
+        return _solve_gurobi(inst, warm_start, time_limit, threads, horizon, blocks, symmetry)
     if solver != "highs":
         raise ConfigError(f"solver={solver!r}: allowed 'highs' or 'gurobi'")
     import highspy
 
     started = time.perf_counter()
-    cost, eq, mem, var_req, var_start, constant = build(inst, horizon)
+    symmetry = symmetry and not relax
+    if warm_start is not None and symmetry:
+        warm_start = sort_twins(inst, warm_start)
+    cost, eq, mem, var_req, var_start, constant = build(inst, horizon, _latest(inst, warm_start, relax))
     nvar = len(cost)
     packing = _model_block_rows(inst, var_req, var_start, mem.shape[0], blocks)
+    order = twin_rows(inst, var_req, var_start) if symmetry else None
+    # the limit covers building the model too (6-23 s at paper size), not only HiGHS's run
+    remaining = max(1e-3, time_limit - (time.perf_counter() - started))
     h, A = highs_model(cost, eq, mem, inst.capacity, constant, upper=1.0, integer=not relax,
-                       time_limit=time_limit, threads=threads, packing=packing)
+                       time_limit=remaining, threads=threads, packing=packing, order=order)
     if warm_start is not None and not relax:
         check(inst, warm_start)
         sol = highspy.HighsSolution()
@@ -202,7 +270,17 @@ def solve(inst: Instance, warm_start: Optional[np.ndarray] = None, time_limit: f
     return IPResult(label, objective, bound, gap, start, seconds, nvar, A.nnz)
 
 
-def _solve_gurobi(inst: Instance, warm_start, time_limit: float, threads: int, horizon, blocks: bool) -> IPResult:
+def _latest(inst: Instance, warm_start, relax: bool) -> Optional[np.ndarray]:
+    """Per-request last starts implied by the warm start's value (None without one, or for the relaxation,
+    whose value must stay the LP bound of the full model). The warm start itself always stays inside."""
+    if warm_start is None or relax:
+        return None
+    warm = np.asarray(warm_start, dtype=np.int64)
+    return np.maximum(latest_starts(inst, check(inst, warm)), warm)
+
+
+def _solve_gurobi(inst: Instance, warm_start, time_limit: float, threads: int, horizon, blocks: bool,
+                  symmetry: bool) -> IPResult:
     """The same sparse model through gurobipy (optional: ``pip install gurobipy``; its bundled licence only
     takes models of up to 2,000 variables, so paper-size instances need a full licence)."""
     try:
@@ -212,20 +290,26 @@ def _solve_gurobi(inst: Instance, warm_start, time_limit: float, threads: int, h
         raise ConfigError("solver='gurobi' needs the gurobipy package (pip install gurobipy) and a Gurobi licence; "
                           "solver='highs' needs neither") from None
     started = time.perf_counter()
-    cost, eq, mem, var_req, var_start, constant = build(inst, horizon)
+    if warm_start is not None and symmetry:
+        warm_start = sort_twins(inst, warm_start)
+    cost, eq, mem, var_req, var_start, constant = build(inst, horizon, _latest(inst, warm_start, False))
     nvar = len(cost)
     try:
         env = gp.Env(params={"OutputFlag": 0})
         model = gp.Model(env=env)
-        model.Params.TimeLimit = float(time_limit)
+        model.Params.TimeLimit = max(1e-3, time_limit - (time.perf_counter() - started))
         model.Params.Threads = int(threads)
         model.Params.Seed = 0
+        model.Params.MIPGap = 0.0  # as for HiGHS: the default 1e-4 relative gap is over 1 unit at paper sizes
+        model.Params.MIPGapAbs = _INTEGER_GAP
         x = model.addMVar(nvar, vtype=GRB.BINARY, obj=cost)
         model.ObjCon = constant
         model.addMConstr(eq, x, "=", np.ones(inst.n))
         model.addMConstr(mem, x, "<", np.full(mem.shape[0], float(inst.capacity)))
         packing = _model_block_rows(inst, var_req, var_start, mem.shape[0], blocks)
         model.addMConstr(packing, x, "<", np.ones(packing.shape[0]))
+        order = twin_rows(inst, var_req, var_start) if symmetry else sparse.csr_matrix((0, nvar))
+        model.addMConstr(order, x, "<", np.zeros(order.shape[0]))
         if warm_start is not None:
             check(inst, warm_start)
             x.Start = indicator(var_req, var_start, warm_start)
@@ -241,7 +325,7 @@ def _solve_gurobi(inst: Instance, warm_start, time_limit: float, threads: int, h
     bound = max(float(model.ObjBound), best_bound(inst))
     label = {GRB.OPTIMAL: "optimal", GRB.TIME_LIMIT: "time_limit"}.get(model.Status, f"error:{model.Status}")
     gap = (objective - bound) / objective if objective else float("nan")
-    return IPResult(label, objective, bound, gap, start, seconds, nvar, eq.nnz + mem.nnz + packing.nnz)
+    return IPResult(label, objective, bound, gap, start, seconds, nvar, eq.nnz + mem.nnz + packing.nnz + order.nnz)
 
 
 def brute_force(inst: Instance, horizon: Optional[int] = None) -> int:
@@ -262,4 +346,5 @@ def brute_force(inst: Instance, horizon: Optional[int] = None) -> int:
     return best
 
 
-__all__ = ["IPResult", "block_rows", "build", "solve", "brute_force", "total_latency"]
+__all__ = ["IPResult", "block_rows", "build", "solve", "sort_twins", "twin_rows", "twins", "brute_force",
+           "total_latency"]

@@ -122,14 +122,17 @@ def indicator(var_req, var_start, start) -> np.ndarray:
     return x
 
 
+def _identical_groups(inst: Instance) -> list:
+    """Indices of requests with the same (a, s, o), one ascending list per distinct request."""
+    groups = {}
+    for i, key in enumerate(zip(inst.arrival.tolist(), inst.prompt.tolist(), inst.output.tolist())):
+        groups.setdefault(key, []).append(i)
+    return list(groups.values())
+
+
 def twins(inst: Instance) -> list:
     """Pairs (i, j), i < j, of identical requests (same a, s, o), each request paired with the next identical one."""
-    last, pairs = {}, []
-    for j, key in enumerate(zip(inst.arrival.tolist(), inst.prompt.tolist(), inst.output.tolist())):
-        if key in last:
-            pairs.append((last[key], j))
-        last[key] = j
-    return pairs
+    return [(g[k], g[k + 1]) for g in _identical_groups(inst) for k in range(len(g) - 1)]
 
 
 def twin_rows(inst: Instance, var_req, var_start) -> sparse.csr_matrix:
@@ -153,10 +156,7 @@ def twin_rows(inst: Instance, var_req, var_start) -> sparse.csr_matrix:
 def sort_twins(inst: Instance, start) -> np.ndarray:
     """The same schedule with the starts of each group of identical requests in index order (same cost)."""
     start = np.asarray(start, dtype=np.int64).copy()
-    groups = {}
-    for i, key in enumerate(zip(inst.arrival.tolist(), inst.prompt.tolist(), inst.output.tolist())):
-        groups.setdefault(key, []).append(i)
-    for members in groups.values():
+    for members in _identical_groups(inst):
         start[members] = np.sort(start[members])
     return start
 

@@ -227,19 +227,14 @@ def solve(inst: Instance, warm_start: Optional[np.ndarray] = None, time_limit: f
     import highspy
 
     started = time.perf_counter()
-    symmetry = symmetry and not relax
-    if warm_start is not None and symmetry:
-        warm_start = sort_twins(inst, warm_start)
-    cost, eq, mem, var_req, var_start, constant = build(inst, horizon, _latest(inst, warm_start, relax))
+    warm_start, cost, eq, mem, var_req, var_start, constant, packing, order = _model(
+        inst, warm_start, horizon, blocks, symmetry, relax)
     nvar = len(cost)
-    packing = _model_block_rows(inst, var_req, var_start, mem.shape[0], blocks)
-    order = twin_rows(inst, var_req, var_start) if symmetry else None
     # the limit covers building the model too (6-23 s at paper size), not only HiGHS's run
     remaining = max(1e-3, time_limit - (time.perf_counter() - started))
     h, A = highs_model(cost, eq, mem, inst.capacity, constant, upper=1.0, integer=not relax,
                        time_limit=remaining, threads=threads, packing=packing, order=order)
     if warm_start is not None and not relax:
-        check(inst, warm_start)
         sol = highspy.HighsSolution()
         sol.col_value = list(indicator(var_req, var_start, warm_start))
         sol.value_valid = True
@@ -270,13 +265,21 @@ def solve(inst: Instance, warm_start: Optional[np.ndarray] = None, time_limit: f
     return IPResult(label, objective, bound, gap, start, seconds, nvar, A.nnz)
 
 
-def _latest(inst: Instance, warm_start, relax: bool) -> Optional[np.ndarray]:
-    """Per-request last starts implied by the warm start's value (None without one, or for the relaxation,
-    whose value must stay the LP bound of the full model). The warm start itself always stays inside."""
-    if warm_start is None or relax:
-        return None
-    warm = np.asarray(warm_start, dtype=np.int64)
-    return np.maximum(latest_starts(inst, check(inst, warm)), warm)
+def _model(inst: Instance, warm_start, horizon, blocks: bool, symmetry: bool, relax: bool):
+    """What both solver paths pass on: the checked warm start (twins sorted when ``symmetry``), ``build``'s
+    model with every start capped by the warm start's value (``bounds.latest_starts``; the warm start itself
+    stays inside), the block rows and the twin rows. The relaxation gets neither caps nor twin rows: its value
+    must stay the LP bound of the full model."""
+    latest = None
+    if warm_start is not None and not relax:
+        if symmetry:
+            warm_start = sort_twins(inst, warm_start)
+        warm_start = np.asarray(warm_start, dtype=np.int64)
+        latest = np.maximum(latest_starts(inst, check(inst, warm_start)), warm_start)
+    cost, eq, mem, var_req, var_start, constant = build(inst, horizon, latest)
+    packing = _model_block_rows(inst, var_req, var_start, mem.shape[0], blocks)
+    order = twin_rows(inst, var_req, var_start) if symmetry and not relax else sparse.csr_matrix((0, len(cost)))
+    return warm_start, cost, eq, mem, var_req, var_start, constant, packing, order
 
 
 def _solve_gurobi(inst: Instance, warm_start, time_limit: float, threads: int, horizon, blocks: bool,
@@ -290,9 +293,8 @@ def _solve_gurobi(inst: Instance, warm_start, time_limit: float, threads: int, h
         raise ConfigError("solver='gurobi' needs the gurobipy package (pip install gurobipy) and a Gurobi licence; "
                           "solver='highs' needs neither") from None
     started = time.perf_counter()
-    if warm_start is not None and symmetry:
-        warm_start = sort_twins(inst, warm_start)
-    cost, eq, mem, var_req, var_start, constant = build(inst, horizon, _latest(inst, warm_start, False))
+    warm_start, cost, eq, mem, var_req, var_start, constant, packing, order = _model(
+        inst, warm_start, horizon, blocks, symmetry, relax=False)
     nvar = len(cost)
     try:
         env = gp.Env(params={"OutputFlag": 0})
@@ -306,12 +308,9 @@ def _solve_gurobi(inst: Instance, warm_start, time_limit: float, threads: int, h
         model.ObjCon = constant
         model.addMConstr(eq, x, "=", np.ones(inst.n))
         model.addMConstr(mem, x, "<", np.full(mem.shape[0], float(inst.capacity)))
-        packing = _model_block_rows(inst, var_req, var_start, mem.shape[0], blocks)
         model.addMConstr(packing, x, "<", np.ones(packing.shape[0]))
-        order = twin_rows(inst, var_req, var_start) if symmetry else sparse.csr_matrix((0, nvar))
         model.addMConstr(order, x, "<", np.zeros(order.shape[0]))
         if warm_start is not None:
-            check(inst, warm_start)
             x.Start = indicator(var_req, var_start, warm_start)
         model.optimize()
     except gp.GurobiError as exc:

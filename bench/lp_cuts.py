@@ -108,7 +108,8 @@ def lp(cost, eq, mem, capacity, constant, packing):
 def lp_values(inst: Instance, rounds: int = 30) -> dict:
     cost, eq, mem, var_req, var_start, constant = ip.build(inst)
     blocks = ip.block_rows(inst, var_req, var_start, var_start, np.arange(1, mem.shape[0] + 1))
-    out = {"blocks": lp(cost, eq, mem, inst.capacity, constant, blocks)[0]}
+    value, x = lp(cost, eq, mem, inst.capacity, constant, blocks)
+    out = {"blocks": value}
     dff = sparse.vstack([blocks] + [dff_rows(mem, inst.capacity, k) for k in (2, 3)]).tocsr()
     out["dff"] = lp(cost, eq, mem, inst.capacity, constant, dff)[0]
     pairs = {}
@@ -118,13 +119,13 @@ def lp_values(inst: Instance, rounds: int = 30) -> dict:
                                           int(inst.output[j]), inst.capacity))
             if spans:
                 pairs[(i, j)] = spans
-    packing = blocks
+    packing = blocks  # separation starts from the block-row LP solved above
     for _ in range(rounds):
-        value, x = lp(cost, eq, mem, inst.capacity, constant, packing)
         cuts = window_cliques(inst, x, var_req, var_start, pairs)
         if not cuts:
             break
         packing = sparse.vstack([packing, clique_rows(cuts, var_req, var_start)]).tocsr()
+        value, x = lp(cost, eq, mem, inst.capacity, constant, packing)
     out["cliques"] = value
     return out
 

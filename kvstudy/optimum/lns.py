@@ -87,13 +87,13 @@ def improve(inst: Instance, start, window: int = 5, pad: int = 10, max_passes: i
     sub-problem's search deterministically (same input, same result on any machine); ``time_limit`` (per
     sub-problem) and ``budget`` (whole search) are wall-clock safety stops that make results machine-dependent
     only when they trigger."""
+    if span < 0 or span_most < 2:
+        raise ConfigError(f"LNS span={span}, span_most={span_most}: allowed span >= 0 (0: off) and span_most >= 2")
     started = time.perf_counter()
     start = np.asarray(start, dtype=np.int64).copy()
     best = initial = check(inst, start)
     moves = solves = unproven = 0
     window = min(window, inst.n)
-    if span < 0 or span_most < 2:
-        raise ConfigError(f"LNS span={span}, span_most={span_most}: allowed span >= 0 (0: off) and span_most >= 2")
     for _ in range(max_passes):
         improved = False
         for free in _neighbourhoods(inst, start, window, span, span_most):

@@ -2,7 +2,8 @@
 
     python bench/optimum_search.py [--quick]
 
-1. Time to a proof of optimality, HiGHS IP vs the branch-and-bound, on issue 5's 7-request counterexample and on
+1. Time to a proof of optimality, HiGHS IP vs the branch-and-bound (and CP-SAT, cpsat.py, when OR-Tools is
+   installed; wall seconds including its child process), on issue 5's 7-request counterexample and on
    Model-1-like instances cut to n requests (the first n of a Sec. 5.1 draw): where exactness stops.
 2. Large-neighbourhood search on paper-size Model 1 trials (the study's settings): seconds and gain over MC-SF.
 3. The gap bound at scale (volume, block and bucketed LP bounds) on 1,000 LMSYS-like requests.
@@ -12,7 +13,7 @@ import time
 
 import numpy as np
 
-from kvstudy.optimum import branch
+from kvstudy.optimum import branch, cpsat
 from kvstudy.optimum.checker import check
 from kvstudy.optimum.instance import Instance, synthetic
 from kvstudy.optimum.ip import solve
@@ -31,6 +32,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--limit", type=float, default=60.0)
+    parser.add_argument("--cp-work", type=float, default=10.0, help="CP-SAT deterministic time per instance")
     args = parser.parse_args()
     sizes = (6, 8) if args.quick else (6, 8, 10, 12)
     cases = [("counterexample n=7", Instance(np.zeros(7, int), np.array([4, 5, 3, 4, 5, 2, 1]),
@@ -45,8 +47,12 @@ def main() -> None:
         warm = starts(inst, MCSF())
         ip = solve(inst, warm_start=warm, time_limit=args.limit)
         bb_value, bb_proven, bb_s = by_branch(inst, warm, args.limit)
-        print(f"  {name:22s} MC-SF {check(inst, warm):5d}  IP {ip.objective} {'proven' if ip.proven_optimal else 'open'}"
-              f" {ip.seconds:6.1f}  B&B {bb_value} {'proven' if bb_proven else 'open'} {bb_s:6.1f}", flush=True)
+        line = (f"  {name:22s} MC-SF {check(inst, warm):5d}  IP {ip.objective} {'proven' if ip.proven_optimal else 'open'}"
+                f" {ip.seconds:6.1f}  B&B {bb_value} {'proven' if bb_proven else 'open'} {bb_s:6.1f}")
+        if cpsat.available():
+            cp = cpsat.improve(inst, warm, work=args.cp_work)
+            line += f"  CP-SAT {cp.objective} {'proven' if cp.proven_optimal else 'open'} {cp.seconds:6.1f}"
+        print(line, flush=True)
     print("2. LNS on Model 1 trials 0-4 of the study: the study's setting (window 5, 2 passes) and a longer search "
           "(window 6, up to 8 passes) from its result")
     for trial, ss in enumerate(np.random.SeedSequence([0, 1]).spawn(3 if args.quick else 5)):

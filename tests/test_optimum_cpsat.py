@@ -1,0 +1,116 @@
+"""CP-SAT on the cumulative model (cpsat.py): agrees with exhaustive search where it claims a proof, its
+schedules pass the checker, it never returns worse than it was given, it is deterministic, and it refuses bad
+settings and a missing OR-Tools with a message that says what to do."""
+import numpy as np
+import pytest
+
+from kvstudy.errors import ConfigError
+from kvstudy.optimum import cpsat
+from kvstudy.optimum.checker import check
+from kvstudy.optimum.instance import Instance, synthetic
+from kvstudy.optimum.ip import brute_force
+from kvstudy.optimum.lns import improve as lns
+from kvstudy.optimum.online import starts
+from kvstudy.policies.mcsf import MCSF
+from tests.instances import tiny
+
+needs_ortools = pytest.mark.skipif(not cpsat.available(), reason="OR-Tools not installed (pip install -e '.[cpsat]')")
+
+
+def draw(model: int, trial: int, cut: int) -> Instance:
+    inst = synthetic(model, np.random.default_rng(np.random.SeedSequence([0, model]).spawn(trial + 1)[trial]))
+    return Instance(inst.arrival[:cut], inst.prompt[:cut], inst.output[:cut], inst.capacity)
+
+
+@needs_ortools
+@pytest.mark.parametrize("seed", range(4))
+def test_cpsat_proofs_match_exhaustive_search(seed):
+    inst = tiny(300 + seed, n=4, memory=(8, 12))
+    res = cpsat.improve(inst, starts(inst, MCSF()), work=2)
+    assert res.proven_optimal
+    assert res.objective == check(inst, res.start) == brute_force(inst)
+    assert res.bound <= res.objective
+
+
+@needs_ortools
+def test_cpsat_reaches_what_lns_windows_miss_and_is_deterministic():
+    # Arrival Model 2 draw 13 cut to 10 requests: MC-SF 332, LNS windows 330, OPT 261 (proven by the IP,
+    # test_optimum_search.test_span_moves_reach_what_consecutive_windows_cannot)
+    inst = draw(2, 13, 10)
+    mcsf = starts(inst, MCSF())
+    assert lns(inst, mcsf, window=5, max_passes=2).objective == 330
+    first = cpsat.improve(inst, mcsf, work=5)
+    again = cpsat.improve(inst, mcsf, work=5)
+    assert first.initial == 332 and first.objective == check(inst, first.start) == 261
+    assert first.proven_optimal
+    assert np.array_equal(first.start, again.start) and first.bound == again.bound
+
+
+@needs_ortools
+def test_cpsat_never_returns_worse_than_its_start():
+    inst = synthetic(2, np.random.default_rng(np.random.SeedSequence([0, 2]).spawn(1)[0]))
+    mcsf = starts(inst, MCSF())
+    res = cpsat.improve(inst, mcsf, work=0.05)
+    assert res.objective == check(inst, res.start) <= check(inst, mcsf)
+    assert res.bound <= res.objective and not res.proven_optimal
+
+
+@pytest.mark.parametrize("work", [0, -1.0, float("nan"), float("inf")])
+def test_cpsat_refuses_a_bad_budget(work):
+    inst = tiny(1)
+    with pytest.raises(ConfigError, match="cpsat work"):
+        cpsat.improve(inst, starts(inst, MCSF()), work=work)
+
+
+def test_cpsat_without_ortools_says_how_to_install(monkeypatch):
+    monkeypatch.setattr(cpsat, "available", lambda: False)
+    inst = tiny(1)
+    with pytest.raises(ConfigError, match=r"pip install -e '\.\[cpsat\]'"):
+        cpsat.improve(inst, starts(inst, MCSF()), work=1)
+
+
+def test_cpsat_refuses_an_infeasible_start():
+    inst = Instance(np.zeros(2, int), np.array([1, 1]), np.array([8, 8]), 10)
+    with pytest.raises(ValueError, match="tokens > M"):
+        cpsat.improve(inst, np.array([0, 0]), work=1)
+
+
+@needs_ortools
+def test_study_counts_a_cpsat_proof_and_matches_the_ip():
+    from kvstudy.optimum.__main__ import study
+
+    by_cpsat = study(2, trials=2, time_limit=5, cut=6, cpsat=5)
+    by_ip = study(2, trials=2, time_limit=30, cut=6)
+    assert by_cpsat["ip_status"].tolist() == ["optimal (cpsat)"] * 2 and by_cpsat["proven_optimal"].all()
+    assert by_ip["proven_optimal"].all()
+    assert by_cpsat["incumbent"].tolist() == by_ip["incumbent"].tolist()
+    assert (by_cpsat["bound"] == by_cpsat["incumbent"]).all()
+
+
+def test_study_cli_refuses_a_negative_cpsat_budget(capsys):
+    from kvstudy.optimum.__main__ import main
+
+    with pytest.raises(SystemExit):
+        main(["study", "--model", "1", "--trials", "1", "--cpsat", "-2"])
+    assert "--cpsat -2.0: allowed 0 (off)" in capsys.readouterr().err
+
+
+def test_study_keeps_going_when_one_cpsat_child_fails(monkeypatch):
+    from kvstudy.optimum.__main__ import study
+
+    def killed(*args, **kwargs):
+        raise ConfigError("cpsat: the CP-SAT child failed (exit -9): no message")
+
+    monkeypatch.setattr(cpsat, "available", lambda: True)
+    monkeypatch.setattr(cpsat, "improve", killed)
+    df = study(2, trials=2, time_limit=0, cut=6, cpsat=1)
+    assert len(df) == 2 and df["cpsat_status"].str.startswith("error: cpsat: the CP-SAT child failed").all()
+    assert (df["incumbent"] == df["mcsf"]).all() and not df["proven_optimal"].any()
+
+
+def test_study_without_ortools_stops_before_the_first_trial(monkeypatch):
+    from kvstudy.optimum.__main__ import study
+
+    monkeypatch.setattr(cpsat, "available", lambda: False)
+    with pytest.raises(ConfigError, match="study --cpsat needs OR-Tools"):
+        study(2, trials=2, time_limit=0, cut=6, cpsat=1)

@@ -40,11 +40,10 @@ def study(model: int, trials: int, time_limit: float, seed: int = 0, lns_passes:
     from kvstudy.optimum.online import starts
     from kvstudy.policies.mcsf import MCSF
 
-    if cpsat > 0:
-        from kvstudy.optimum import cpsat as cp_module
+    if cpsat > 0:  # before the first trial: below, a ConfigError from CP-SAT costs one trial only
+        from kvstudy.optimum.cpsat import require
 
-        if not cp_module.available():
-            raise ConfigError("study --cpsat needs OR-Tools, which is not installed: pip install -e '.[cpsat]'")
+        require("study --cpsat")
     rows = []
     for trial, ss in enumerate(np.random.SeedSequence([seed, model]).spawn(trials)):
         inst = synthetic(model, np.random.default_rng(ss))

@@ -38,6 +38,7 @@ from kvstudy.errors import ConfigError
 from kvstudy.optimum.bounds import heavy_blocks, latest_starts
 from kvstudy.optimum.checker import check
 from kvstudy.optimum.instance import Instance
+from kvstudy.optimum.ip import twins
 
 SUBSOLVERS = 4  # interleaved subsolvers; with 2 cores the interleaved run uses both
 
@@ -60,20 +61,26 @@ def available() -> bool:
     return importlib.util.find_spec("ortools") is not None
 
 
+def require(what: str = "cpsat") -> None:
+    """Raise the one error for a missing OR-Tools, naming ``what`` needs it and how to install it."""
+    if not available():
+        raise ConfigError(f"{what} needs OR-Tools, which is not installed: pip install -e '.[cpsat]'")
+
+
 def improve(inst: Instance, start, work: float, seed: int = 0, wall_limit: float | None = None) -> CPResult:
     """Search from the feasible schedule ``start`` for ``work`` deterministic-time units; see the module text.
     ``wall_limit`` (default 60 + 20 * work s) stops a child that runs away; that is an error, not a result."""
     if not (work > 0 and math.isfinite(work)):
         raise ConfigError(f"cpsat work {work!r}: allowed a positive, finite deterministic time budget")
-    if not available():
-        raise ConfigError("cpsat needs OR-Tools, which is not installed: pip install -e '.[cpsat]'")
+    require()
     start = np.asarray(start, dtype=np.int64)
     initial = check(inst, start)
     heavy, tail, beta = heavy_blocks(inst.prompt, inst.output, inst.capacity)
     latest = np.minimum(latest_starts(inst, initial), inst.horizon() - inst.output)
     payload = {"arrival": inst.arrival.tolist(), "prompt": inst.prompt.tolist(), "output": inst.output.tolist(),
                "capacity": int(inst.capacity), "latest": latest.tolist(), "hint": start.tolist(),
-               "heavy": heavy.tolist(), "tail": tail.tolist(), "beta": beta.tolist(), "work": float(work),
+               "heavy": heavy.tolist(), "tail": tail.tolist(), "beta": beta.tolist(), "twins": twins(inst),
+               "work": float(work),
                "seed": int(seed)}
     began = time.perf_counter()
     limit = wall_limit if wall_limit is not None else 60.0 + 20.0 * work
@@ -119,12 +126,8 @@ def _solve(p: dict) -> dict:
             blocks.append(m.new_fixed_size_interval_var(S[i] + oi - tail + 1, tail + beta, f"block{i}"))
     m.add_cumulative(intervals, demands, int(p["capacity"]))
     m.add_no_overlap(blocks)
-    groups: dict = {}
-    for i in range(n):
-        groups.setdefault((int(a[i]), int(s[i]), int(o[i])), []).append(i)
-    for members in groups.values():
-        for i, j in zip(members, members[1:]):
-            m.add(S[i] <= S[j])
+    for i, j in p["twins"]:
+        m.add(S[i] <= S[j])
     m.minimize(sum(S) + int(np.sum(o - a)))
     for i in range(n):
         m.add_hint(S[i], int(p["hint"][i]))

@@ -114,3 +114,11 @@ def test_study_without_ortools_stops_before_the_first_trial(monkeypatch):
     monkeypatch.setattr(cpsat, "available", lambda: False)
     with pytest.raises(ConfigError, match="study --cpsat needs OR-Tools"):
         study(2, trials=2, time_limit=0, cut=6, cpsat=1)
+
+
+@pytest.mark.parametrize("work", [float("nan"), float("inf"), -1.0])
+def test_study_refuses_a_bad_cpsat_budget_before_the_first_trial(work):
+    from kvstudy.optimum.__main__ import study
+
+    with pytest.raises(ConfigError, match="study --cpsat work"):
+        study(2, trials=2, time_limit=0, cut=6, cpsat=work)

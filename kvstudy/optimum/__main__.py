@@ -40,10 +40,10 @@ def study(model: int, trials: int, time_limit: float, seed: int = 0, lns_passes:
     from kvstudy.optimum.online import starts
     from kvstudy.policies.mcsf import MCSF
 
-    if cpsat > 0:  # before the first trial: below, a ConfigError from CP-SAT costs one trial only
+    if cpsat:  # settings refused before the first trial: below, a ConfigError from CP-SAT costs one trial only
         from kvstudy.optimum.cpsat import require
 
-        require("study --cpsat")
+        require(cpsat, "study --cpsat")
     rows = []
     for trial, ss in enumerate(np.random.SeedSequence([seed, model]).spawn(trials)):
         inst = synthetic(model, np.random.default_rng(ss))
@@ -59,7 +59,7 @@ def study(model: int, trials: int, time_limit: float, seed: int = 0, lns_passes:
             best, best_start = lns.objective, lns.start
         cp_proven = False
         small = exact_max_n <= 0 or inst.n <= exact_max_n
-        if cpsat > 0 and small:  # CP-SAT from the best schedule so far (cpsat.py); a proof there skips the exact method
+        if cpsat and small:  # CP-SAT from the best schedule so far (cpsat.py); a proof there skips the exact method
             from kvstudy.optimum.cpsat import improve as cp_improve
 
             try:

@@ -49,7 +49,7 @@ class CPResult:
     objective: int
     initial: int
     bound: float  # CP-SAT's lower bound on (1) (valid: the model cuts off no schedule at least as good)
-    status: str  # optimal | feasible (CP-SAT's status)
+    status: str  # CP-SAT's status: optimal | feasible | unknown (no schedule found; the given one is kept)
     seconds: float  # wall seconds, child process included
 
     @property
@@ -61,8 +61,11 @@ def available() -> bool:
     return importlib.util.find_spec("ortools") is not None
 
 
-def require(what: str = "cpsat") -> None:
-    """Raise the one error for a missing OR-Tools, naming ``what`` needs it and how to install it."""
+def require(work: float, what: str = "cpsat") -> None:
+    """Refuse a work budget that is not positive and finite, and a missing OR-Tools (naming ``what`` needs it
+    and how to install it): the checks ``improve`` makes, for a caller that wants them before a long loop."""
+    if not (work > 0 and math.isfinite(work)):
+        raise ConfigError(f"{what} work {work!r}: allowed a positive, finite deterministic time budget")
     if not available():
         raise ConfigError(f"{what} needs OR-Tools, which is not installed: pip install -e '.[cpsat]'")
 
@@ -70,9 +73,7 @@ def require(what: str = "cpsat") -> None:
 def improve(inst: Instance, start, work: float, seed: int = 0, wall_limit: float | None = None) -> CPResult:
     """Search from the feasible schedule ``start`` for ``work`` deterministic-time units; see the module text.
     ``wall_limit`` (default 60 + 20 * work s) stops a child that runs away; that is an error, not a result."""
-    if not (work > 0 and math.isfinite(work)):
-        raise ConfigError(f"cpsat work {work!r}: allowed a positive, finite deterministic time budget")
-    require()
+    require(work)
     start = np.asarray(start, dtype=np.int64)
     initial = check(inst, start)
     heavy, tail, beta = heavy_blocks(inst.prompt, inst.output, inst.capacity)
@@ -80,8 +81,7 @@ def improve(inst: Instance, start, work: float, seed: int = 0, wall_limit: float
     payload = {"arrival": inst.arrival.tolist(), "prompt": inst.prompt.tolist(), "output": inst.output.tolist(),
                "capacity": int(inst.capacity), "latest": latest.tolist(), "hint": start.tolist(),
                "heavy": heavy.tolist(), "tail": tail.tolist(), "beta": beta.tolist(), "twins": twins(inst),
-               "work": float(work),
-               "seed": int(seed)}
+               "work": float(work), "seed": int(seed)}
     began = time.perf_counter()
     limit = wall_limit if wall_limit is not None else 60.0 + 20.0 * work
     try:

@@ -124,7 +124,7 @@ def test_highs_proves_by_absolute_gap_below_one_not_relative_gap():
 
 
 def test_study_runs_the_exact_method_only_up_to_exact_max_n():
-    from kvstudy.optimum.__main__ import study
+    from kvstudy.optimum.study import study
 
     skipped = study(1, trials=1, time_limit=5, cut=6, exact_max_n=5)
     solved = study(1, trials=1, time_limit=5, cut=6, exact_max_n=6)

@@ -77,7 +77,7 @@ def test_cpsat_refuses_an_infeasible_start():
 
 @needs_ortools
 def test_study_counts_a_cpsat_proof_and_matches_the_ip():
-    from kvstudy.optimum.__main__ import study
+    from kvstudy.optimum.study import study
 
     by_cpsat = study(2, trials=2, time_limit=5, cut=6, cpsat=5)
     by_ip = study(2, trials=2, time_limit=30, cut=6)
@@ -96,7 +96,7 @@ def test_study_cli_refuses_a_negative_cpsat_budget(capsys):
 
 
 def test_study_keeps_going_when_one_cpsat_child_fails(monkeypatch):
-    from kvstudy.optimum.__main__ import study
+    from kvstudy.optimum.study import study
 
     def killed(*args, **kwargs):
         raise ConfigError("cpsat: the CP-SAT child failed (exit -9): no message")
@@ -109,7 +109,7 @@ def test_study_keeps_going_when_one_cpsat_child_fails(monkeypatch):
 
 
 def test_study_without_ortools_stops_before_the_first_trial(monkeypatch):
-    from kvstudy.optimum.__main__ import study
+    from kvstudy.optimum.study import study
 
     monkeypatch.setattr(cpsat, "available", lambda: False)
     with pytest.raises(ConfigError, match="study --cpsat needs OR-Tools"):
@@ -118,7 +118,7 @@ def test_study_without_ortools_stops_before_the_first_trial(monkeypatch):
 
 @pytest.mark.parametrize("work", [float("nan"), float("inf"), -1.0])
 def test_study_refuses_a_bad_cpsat_budget_before_the_first_trial(work):
-    from kvstudy.optimum.__main__ import study
+    from kvstudy.optimum.study import study
 
     with pytest.raises(ConfigError, match="study --cpsat work"):
         study(2, trials=2, time_limit=0, cut=6, cpsat=work)

@@ -1,0 +1,177 @@
+"""The synthetic study of Jaillet et al. Sec. 5.1 against the hindsight IP, one seeded trial at a time.
+
+Per trial: MC-SF's total latency, the best schedule large-neighbourhood search finds from it (``lns_passes``),
+then CP-SAT from that one (``cpsat``; where CP-SAT proves optimality the exact method is skipped), the exact
+method's status, incumbent, bound and gap (best schedule as warm start), the volume and block bounds,
+optionally the LP relaxation with block rows (``lp``), and the solve times. A ratio MC-SF / OPT is exact only
+where the exact method proved optimality; elsewhere it lies in [MC-SF / incumbent, MC-SF / best bound].
+
+Trial i's instance depends only on (seed, model, i) (child i of ``SeedSequence([seed, model])``), so any
+subset of trials (``only``) reproduces the same draws as the full study.
+
+With ``out`` the rows are written after *every* trial, atomically (``kvstudy.atomic``): a study stopped or
+crashed at trial k keeps trials 0..k-1 on disk. ``resume=True`` keeps the rows already in ``out`` and runs only
+the missing trials, after checking that they were made with the same settings (the ``SETTINGS`` columns each
+row carries); rows of other settings are refused with the field named, never mixed in. Each row also holds
+the best schedule found (``start``, one start round per request) so it can be re-checked or reused.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable, Optional
+
+import numpy as np
+import pandas as pd
+
+from kvstudy.atomic import write_atomic
+from kvstudy.errors import ConfigError
+
+# The arguments that change a trial's result, stored in every row (argument -> column) so a resumed file is
+# never a mix. The CP-SAT budget is column "cpsat_work": column "cpsat" holds CP-SAT's schedule value.
+SETTINGS = {"seed": "seed", "time_limit": "time_limit", "lns_passes": "lns_passes", "lns_window": "lns_window",
+            "lns_span": "lns_span", "solver": "solver", "cut": "cut", "lp": "lp", "exact_max_n": "exact_max_n",
+            "cpsat": "cpsat_work"}
+
+
+def study(model: int, trials: int, time_limit: float, seed: int = 0, lns_passes: int = 0,
+          lns_window: int = 5, solver: str = "highs", cut: int = 0, lp: bool = False,
+          exact_max_n: int = 0, lns_span: int = 0, cpsat: float = 0.0, out: Optional[Path] = None,
+          resume: bool = False, only: Optional[Iterable[int]] = None) -> pd.DataFrame:
+    """Run trials ``only`` (default 0..trials-1) and return one row per trial, sorted by trial."""
+    settings = {"seed": int(seed), "time_limit": float(time_limit), "lns_passes": int(lns_passes),
+                "lns_window": int(lns_window), "lns_span": int(lns_span), "solver": str(solver), "cut": int(cut),
+                "lp": bool(lp), "exact_max_n": int(exact_max_n), "cpsat": float(cpsat)}
+    wanted = _trial_list(trials, only)
+    if cpsat:  # settings refused before the first trial: below, a ConfigError from CP-SAT costs one trial only
+        from kvstudy.optimum.cpsat import require
+
+        require(cpsat, "study --cpsat")
+    rows = _resumed(out, model, settings) if resume else []
+    done = {int(r["trial"]) for r in rows}
+    for trial in wanted:
+        if trial in done:
+            continue
+        rows.append(run_trial(model, trial, **settings))
+        rows.sort(key=lambda r: r["trial"])
+        if out is not None:
+            frame = pd.DataFrame(rows)
+            write_atomic(out, lambda tmp: frame.to_parquet(tmp, index=False))
+    return pd.DataFrame(rows)
+
+
+def instance(model: int, trial: int, seed: int = 0, cut: int = 0):
+    """Trial ``trial``'s Sec. 5.1 draw (first ``cut`` requests in arrival order if cut > 0)."""
+    from kvstudy.optimum.instance import synthetic
+
+    child = np.random.SeedSequence([seed, model], n_children_spawned=trial).spawn(1)[0]
+    inst = synthetic(model, np.random.default_rng(child))
+    if cut:  # the first `cut` requests in arrival order: Sec. 5.1's distribution at a size the IP can prove
+        inst = type(inst)(inst.arrival[:cut], inst.prompt[:cut], inst.output[:cut], inst.capacity)
+    return inst
+
+
+def run_trial(model: int, trial: int, seed: int, time_limit: float, lns_passes: int, lns_window: int,
+              lns_span: int, solver: str, cut: int, lp: bool, exact_max_n: int, cpsat: float) -> dict:
+    from kvstudy.optimum.bounds import block_bound, volume_bound
+    from kvstudy.optimum.branch import solve_instance
+    from kvstudy.optimum.checker import check
+    from kvstudy.optimum.ip import solve
+    from kvstudy.optimum.lns import improve
+    from kvstudy.optimum.lp_bound import lp_bound
+    from kvstudy.optimum.online import starts
+    from kvstudy.policies.mcsf import MCSF
+
+    inst = instance(model, trial, seed, cut)
+    mcsf_start = starts(inst, MCSF())
+    mcsf = check(inst, mcsf_start)
+    best, best_start = mcsf, mcsf_start
+    row = {"model": model, "trial": trial, "n": inst.n, "M": inst.capacity, "mcsf": mcsf}
+    if lns_passes > 0:
+        lns = improve(inst, mcsf_start, window=lns_window, max_passes=lns_passes, span=lns_span)
+        row.update(lns=lns.objective, lns_moves=lns.moves, lns_seconds=lns.seconds)
+        best, best_start = lns.objective, lns.start
+    cp_proven = False
+    small = exact_max_n <= 0 or inst.n <= exact_max_n
+    if cpsat and small:  # CP-SAT from the best schedule so far (cpsat.py); a proof there skips the exact method
+        from kvstudy.optimum.cpsat import improve as cp_improve
+
+        try:
+            cp = cp_improve(inst, best_start, cpsat, seed=seed)
+        except ConfigError as exc:  # one failed child (killed, out of memory) costs this trial's CP-SAT only
+            row.update(cpsat=best, cpsat_status=f"error: {exc}", cpsat_bound=0.0, cpsat_seconds=np.nan)
+            print(f"model {model} trial {trial:3d}: CP-SAT skipped, {exc}", flush=True)
+        else:
+            row.update(cpsat=cp.objective, cpsat_status=cp.status, cpsat_bound=cp.bound, cpsat_seconds=cp.seconds)
+            best, best_start, cp_proven = cp.objective, cp.start, cp.proven_optimal
+    row.update(volume_bound=volume_bound(inst), block_bound=block_bound(inst))
+    bound = max(row["volume_bound"], row["block_bound"])
+    if lp:  # LP relaxation with block rows; the best schedule's makespan is a valid horizon (lp_bound.py)
+        res = lp_bound(inst, horizon=int((best_start + inst.output).max()))
+        row.update(lp_bound=res.value, lp_seconds=res.seconds)
+        bound = max(bound, res.value)
+    if "cpsat_bound" in row:
+        bound = max(bound, row["cpsat_bound"])
+    status, proven, seconds = "skipped", False, 0.0
+    if cp_proven:
+        status, proven = "optimal (cpsat)", True
+    elif time_limit > 0 and small:
+        if solver == "branch":
+            res = solve_instance(inst, warm_start=best_start, time_limit=time_limit)
+        else:
+            res = solve(inst, warm_start=best_start, time_limit=time_limit, solver=solver)
+        status, proven, seconds = res.status, res.proven_optimal, res.seconds
+        bound = max(bound, res.bound)
+        if res.objective is not None and res.objective < best:
+            best, best_start = res.objective, np.asarray(res.start)
+    if proven:
+        bound = best
+    if check(inst, best_start) != best:  # every stored schedule is re-checked independently (checker.py)
+        raise AssertionError(f"model {model} trial {trial}: stored schedule does not have latency {best}")
+    row.update(ip_status=status, incumbent=best, bound=bound, proven_optimal=proven, seconds=seconds,
+               ratio_low=mcsf / best, ratio_high=mcsf / bound if bound > 0 else np.inf,
+               start=[int(x) for x in best_start])
+    given = {"seed": seed, "time_limit": time_limit, "lns_passes": lns_passes, "lns_window": lns_window,
+             "lns_span": lns_span, "solver": solver, "cut": cut, "lp": lp, "exact_max_n": exact_max_n, "cpsat": cpsat}
+    row.update({SETTINGS[k]: v for k, v in given.items()})
+    print(f"model {model} trial {trial:3d}: n={inst.n} M={inst.capacity} MC-SF {mcsf} "
+          f"{'OPT' if proven else 'best'} {best} bound {bound:.0f} (IP {status}, {seconds:.1f} s; "
+          f"LNS {row.get('lns_seconds', 0.0):.1f} s, CP-SAT {row.get('cpsat_seconds', 0.0):.1f} s)", flush=True)
+    return row
+
+
+def _trial_list(trials: int, only: Optional[Iterable[int]]) -> list:
+    if only is None:
+        if trials < 1:
+            raise ConfigError(f"study: trials={trials}; allowed a positive number")
+        return list(range(trials))
+    wanted = sorted({int(t) for t in only})
+    bad = [t for t in wanted if t < 0]
+    if not wanted or bad:
+        raise ConfigError(f"study: only={list(only)}; allowed a non-empty list of trial numbers >= 0")
+    return wanted
+
+
+def _resumed(out: Optional[Path], model: int, settings: dict) -> list:
+    """Rows already in ``out`` made with ``settings`` (none if the file does not exist yet)."""
+    if out is None:
+        raise ConfigError("study: resume needs an output file (--out) to resume from")
+    out = Path(out)
+    if not out.exists():
+        return []
+    try:
+        old = pd.read_parquet(out)
+    except Exception as exc:  # a file that is not ours: say which and why, do not overwrite it silently
+        raise ConfigError(f"study --resume: cannot read {out} as parquet ({type(exc).__name__}: {exc})") from None
+    missing = [c for c in ("model", "trial", *SETTINGS.values()) if c not in old.columns]
+    if missing:
+        raise ConfigError(f"study --resume: {out} has no column(s) {missing} (written by an older kvstudy or "
+                          f"another tool); rerun without --resume or choose another --out")
+    for field, value in [("model", model), *((SETTINGS[k], v) for k, v in settings.items())]:
+        stored = old[field].unique().tolist()
+        if stored != [value]:
+            raise ConfigError(f"study --resume: {out} was made with {field}={stored}, this run has "
+                              f"{field}={value!r}; rerun with the same settings or choose another --out")
+    return old.to_dict("records")
+
+
+__all__ = ["SETTINGS", "instance", "run_trial", "study"]

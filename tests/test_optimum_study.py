@@ -1,0 +1,103 @@
+"""The synthetic study's bookkeeping: chosen trials are the same draws, every trial is on disk as soon as it
+ends, a resumed study equals an uninterrupted one and never mixes settings, stored schedules re-check."""
+import numpy as np
+import pandas as pd
+import pytest
+
+from kvstudy.errors import ConfigError
+from kvstudy.optimum import study as study_mod
+from kvstudy.optimum.checker import check
+from kvstudy.optimum.study import instance, study
+
+FAST = dict(time_limit=0, cut=6, lns_passes=1)  # MC-SF + LNS + bounds on 6-request cuts: ~0.1 s a trial
+
+
+def _same(a: pd.DataFrame, b: pd.DataFrame) -> None:
+    cols = [c for c in a.columns if "seconds" not in c]  # timings differ run to run, nothing else may
+    pd.testing.assert_frame_equal(a[cols].reset_index(drop=True), b[cols].reset_index(drop=True))
+
+
+def test_only_runs_the_same_draws_as_the_full_study():
+    full = study(2, trials=5, **FAST)
+    some = study(2, trials=0, only=[4, 1], **FAST)
+    assert some["trial"].tolist() == [1, 4]
+    _same(some, full[full["trial"].isin([1, 4])])
+    inst = instance(2, 4, cut=6)
+    assert some["n"].iloc[1] == inst.n and some["M"].iloc[1] == inst.capacity
+
+
+def test_stored_schedules_pass_the_checker_at_their_latency():
+    df = study(1, trials=3, time_limit=5, cut=6)
+    for _, row in df.iterrows():
+        assert check(instance(1, int(row["trial"]), cut=6), np.asarray(row["start"])) == row["incumbent"]
+    assert df["proven_optimal"].all() and (df["time_limit"] == 5.0).all() and (df["solver"] == "highs").all()
+
+
+def test_a_crash_keeps_the_finished_trials_and_resume_completes_them(tmp_path, monkeypatch):
+    out = tmp_path / "m2.parquet"
+    whole = study(2, trials=4, **FAST)
+    real = study_mod.run_trial
+
+    def crash_at_2(model, trial, **kw):
+        if trial == 2:
+            raise RuntimeError("killed")
+        return real(model, trial, **kw)
+
+    monkeypatch.setattr(study_mod, "run_trial", crash_at_2)
+    with pytest.raises(RuntimeError, match="killed"):
+        study(2, trials=4, out=out, **FAST)
+    assert pd.read_parquet(out)["trial"].tolist() == [0, 1]  # on disk before the crash
+    ran = []
+
+    def counting(model, trial, **kw):
+        ran.append(trial)
+        return real(model, trial, **kw)
+
+    monkeypatch.setattr(study_mod, "run_trial", counting)
+    resumed = study(2, trials=4, out=out, resume=True, **FAST)
+    assert ran == [2, 3]
+    _same(resumed, whole)
+    _same(pd.read_parquet(out), whole)
+
+
+def test_resume_refuses_other_settings_by_name(tmp_path):
+    out = tmp_path / "m2.parquet"
+    study(2, trials=1, out=out, **FAST)
+    with pytest.raises(ConfigError, match=r"made with lns_passes=\[1\], this run has lns_passes=2"):
+        study(2, trials=2, out=out, resume=True, **{**FAST, "lns_passes": 2})
+    with pytest.raises(ConfigError, match=r"made with model=\[2\], this run has model=1"):
+        study(1, trials=2, out=out, resume=True, **FAST)
+    assert len(pd.read_parquet(out)) == 1  # the refused runs did not touch the file
+
+
+def test_resume_refuses_files_it_cannot_trust(tmp_path):
+    old = tmp_path / "old.parquet"
+    pd.DataFrame({"model": [2], "trial": [0], "mcsf": [10]}).to_parquet(old)
+    with pytest.raises(ConfigError, match=r"old.parquet has no column\(s\) \['seed'"):
+        study(2, trials=1, out=old, resume=True, **FAST)
+    junk = tmp_path / "junk.parquet"
+    junk.write_text("not parquet")
+    with pytest.raises(ConfigError, match="cannot read .*junk.parquet as parquet"):
+        study(2, trials=1, out=junk, resume=True, **FAST)
+    with pytest.raises(ConfigError, match="resume needs an output file"):
+        study(2, trials=1, resume=True, **FAST)
+
+
+@pytest.mark.parametrize("kw, match", [(dict(trials=0), "trials=0; allowed a positive number"),
+                                       (dict(trials=3, only=[-1]), r"only=\[-1\]; allowed a non-empty list"),
+                                       (dict(trials=3, only=[]), r"only=\[\]; allowed a non-empty list")])
+def test_bad_trial_selection_is_refused(kw, match):
+    with pytest.raises(ConfigError, match=match):
+        study(2, **kw, **FAST)
+
+
+def test_cli_only_and_resume(tmp_path, capsys):
+    from kvstudy.optimum.__main__ import main
+
+    out = tmp_path / "cli.parquet"
+    args = ["study", "--model", "1", "--cut", "6", "--time-limit", "0", "--out", str(out)]
+    assert main([*args, "--only", "3"]) == 0
+    assert main([*args, "--trials", "2", "--resume"]) == 0
+    assert pd.read_parquet(out)["trial"].tolist() == [0, 1, 3]
+    assert main([*args, "--trials", "2", "--resume", "--lns", "1"]) == 2
+    assert "made with lns_passes=[0], this run has lns_passes=1" in capsys.readouterr().err

@@ -1,0 +1,122 @@
+"""Everything known about each Sec. 5.1 draw, combined over several study files.
+
+Different runs of ``python -m kvstudy.optimum study`` learn different things about the same draw: a long
+exact run on a few trials (``--only``), CP-SAT on the small ones, the LP bound on all. Per (model, trial) the
+best known schedule is the smallest incumbent of any file and the lower bound the largest bound of any file;
+MC-SF / OPT lies in [MC-SF / incumbent, MC-SF / bound], and the draw is proven optimal when some file proved
+it or when the bound reaches the incumbent (objective (1) is an integer, so ceil(bound) >= incumbent suffices).
+
+Nothing is taken on trust: every file's rows must be paper-size draws of the same seed (``cut`` 0), and with
+``verify`` each trial's draw is regenerated (``study.instance``) and must match the file's n, M and MC-SF
+latency, and every stored schedule (``start``, files written since it was added) must pass ``checker.check`` at
+its stated latency. Files that disagree are refused with the file and trial named.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Iterable, Mapping, Union
+
+import numpy as np
+import pandas as pd
+
+from kvstudy.errors import ConfigError
+
+Sources = Union[Mapping[str, pd.DataFrame], Iterable[Union[str, Path]]]
+
+
+def best_known(sources: Sources, verify: bool = True, seed: int = 0) -> pd.DataFrame:
+    """One row per (model, trial) seen in any source: n, M, mcsf, incumbent and the file it came from, bound
+    and its file, proven_optimal, ratio_low = mcsf / incumbent, ratio_high = mcsf / bound, files (how many
+    sources hold the trial) and seconds (every method's seconds summed over all sources)."""
+    frames = _load(sources)
+    rows = []
+    for label, df in frames.items():
+        if df.empty:
+            continue
+        if "cut" in df and (df["cut"] != 0).any():
+            raise ConfigError(f"combine: {label} holds draws cut to {sorted(df['cut'].unique().tolist())} requests; "
+                              f"only paper-size studies (cut 0) combine")
+        if "seed" in df and (df["seed"] != seed).any():
+            raise ConfigError(f"combine: {label} was made with seed {sorted(df['seed'].unique().tolist())}, "
+                              f"not {seed}")
+        spent = sum(df[c].fillna(0.0) for c in ("lns_seconds", "cpsat_seconds", "seconds", "lp_seconds") if c in df)
+        part = df[["model", "trial", "n", "M", "mcsf", "incumbent", "bound", "proven_optimal"]].copy()
+        part["spent"] = spent
+        part["source"] = label
+        part["start"] = df["start"] if "start" in df else None
+        rows.append(part)
+    if not rows:
+        raise ConfigError("combine: no study rows in the sources given")
+    allrows = pd.concat(rows, ignore_index=True)
+    out = []
+    for (model, trial), g in allrows.groupby(["model", "trial"], sort=True):
+        for field in ("n", "M", "mcsf"):
+            if g[field].nunique() > 1:
+                raise ConfigError(f"combine: model {model} trial {trial}: the sources disagree on {field} "
+                                  f"({dict(zip(g['source'], g[field]))}); they are not the same draw")
+        if verify:
+            _verify(int(model), int(trial), g, seed)
+        inc = g.loc[g["incumbent"].idxmin()]
+        bnd = g.loc[g["bound"].idxmax()]
+        incumbent, bound = int(inc["incumbent"]), float(bnd["bound"])
+        if bound > incumbent + 1e-6:
+            raise ConfigError(f"combine: model {model} trial {trial}: bound {bound} from {bnd['source']} exceeds "
+                              f"the schedule of latency {incumbent} from {inc['source']}; one of them is wrong")
+        proven = bool(g["proven_optimal"].any()) or math.ceil(bound - 1e-6) >= incumbent
+        if proven:
+            bound = float(incumbent)
+        mcsf = int(g["mcsf"].iloc[0])
+        out.append({"model": int(model), "trial": int(trial), "n": int(g["n"].iloc[0]), "M": int(g["M"].iloc[0]),
+                    "mcsf": mcsf, "incumbent": incumbent, "incumbent_from": inc["source"], "bound": bound,
+                    "bound_from": bnd["source"], "proven_optimal": proven, "ratio_low": mcsf / incumbent,
+                    "ratio_high": mcsf / bound if bound > 0 else np.inf, "files": len(g),
+                    "seconds": float(g["spent"].sum())})
+    return pd.DataFrame(out)
+
+
+def _load(sources: Sources) -> dict:
+    if isinstance(sources, Mapping):
+        return dict(sources)
+    frames = {}
+    for path in sources:
+        path = Path(path)
+        try:
+            frames[path.name] = pd.read_parquet(path)
+        except Exception as exc:
+            raise ConfigError(f"combine: cannot read {path} as a study file ({type(exc).__name__}: {exc})") from None
+        missing = [c for c in ("model", "trial", "n", "M", "mcsf", "incumbent", "bound", "proven_optimal")
+                   if c not in frames[path.name].columns]
+        if missing:
+            raise ConfigError(f"combine: {path} has no column(s) {missing}; is it a kvstudy.optimum study file?")
+    return frames
+
+
+def _verify(model: int, trial: int, g: pd.DataFrame, seed: int) -> None:
+    from kvstudy.optimum.checker import check
+    from kvstudy.optimum.online import starts
+    from kvstudy.optimum.study import instance
+    from kvstudy.policies.mcsf import MCSF
+
+    inst = instance(model, trial, seed)
+    row = g.iloc[0]
+    if (inst.n, inst.capacity) != (int(row["n"]), int(row["M"])):
+        raise ConfigError(f"combine: model {model} trial {trial} in {row['source']} has n={row['n']}, M={row['M']}; "
+                          f"the seed-{seed} draw has n={inst.n}, M={inst.capacity}")
+    mcsf = check(inst, starts(inst, MCSF()))
+    if mcsf != int(row["mcsf"]):
+        raise ConfigError(f"combine: model {model} trial {trial} in {row['source']}: MC-SF {row['mcsf']}, "
+                          f"recomputed {mcsf}")
+    for r in g.itertuples():
+        if r.start is not None and not (isinstance(r.start, float) and np.isnan(r.start)):
+            try:
+                value = check(inst, np.asarray(r.start, dtype=np.int64))
+            except Exception as exc:  # InfeasibleSchedule, wrong length: name the file, not the checker's line
+                raise ConfigError(f"combine: model {model} trial {trial} in {r.source}: stored schedule "
+                                  f"rejected by the checker ({exc})") from None
+            if value != int(r.incumbent):
+                raise ConfigError(f"combine: model {model} trial {trial} in {r.source}: stored schedule has "
+                                  f"latency {value}, the file says {r.incumbent}")
+
+
+__all__ = ["best_known"]

@@ -101,3 +101,22 @@ def test_cli_only_and_resume(tmp_path, capsys):
     assert pd.read_parquet(out)["trial"].tolist() == [0, 1, 3]
     assert main([*args, "--trials", "2", "--resume", "--lns", "1"]) == 2
     assert "made with lns_passes=[0], this run has lns_passes=1" in capsys.readouterr().err
+
+
+def test_worker_processes_give_the_same_rows_and_checkpoint(tmp_path):
+    out = tmp_path / "jobs.parquet"
+    alone = study(1, trials=4, **FAST)
+    together = study(1, trials=4, jobs=2, out=out, **FAST)
+    _same(together, alone)
+    _same(pd.read_parquet(out), alone)
+
+
+@pytest.mark.parametrize("jobs", [0, -1, 1.5, True])
+def test_bad_jobs_is_refused(jobs):
+    with pytest.raises(ConfigError, match=r"jobs=.*allowed a whole number >= 1"):
+        study(1, trials=2, jobs=jobs, **FAST)
+
+
+def test_unknown_solver_is_refused_before_any_trial():
+    with pytest.raises(ConfigError, match=r"solver='nope'; allowed 'highs', 'gurobi' or 'branch'"):
+        study(1, trials=2, solver="nope", **FAST)

@@ -56,6 +56,9 @@ def main(argv=None) -> int:
                     help="also the LP relaxation with block rows (lp_bound.py; ~15-60 s per paper-size instance)")
     st.add_argument("--seed", type=int, default=0)
     st.add_argument("--out", type=Path, default=None)
+    st.add_argument("--jobs", type=int, default=1, metavar="N",
+                    help="run N trials at a time in worker processes (rows identical to --jobs 1 unless the exact "
+                         "method's wall-clock --time-limit stops it)")
     st.add_argument("--resume", action="store_true",
                     help="keep the trials already in --out (made with the same settings) and run only the others")
     adv = sub.add_parser("adversary")
@@ -101,7 +104,7 @@ def main(argv=None) -> int:
     out = args.out or Path(f"outputs/optimum/model{args.model}{tag}.parquet")
     df = study(args.model, args.trials, args.time_limit, args.seed, args.lns, args.lns_window, args.solver,
                args.cut, args.lp, args.exact_max_n, args.lns_span, args.cpsat, out=out, resume=args.resume,
-               only=args.only)
+               only=args.only, jobs=args.jobs)
     proven = df["proven_optimal"]
     spent = sum(df[c].fillna(0.0) for c in ("lns_seconds", "cpsat_seconds", "seconds") if c in df)
     print(f"proven optimal: {int(proven.sum())} of {len(df)}; exact-method time total {df['seconds'].sum():.0f} s, "

@@ -36,27 +36,51 @@ SETTINGS = {"seed": "seed", "time_limit": "time_limit", "lns_passes": "lns_passe
 def study(model: int, trials: int, time_limit: float, seed: int = 0, lns_passes: int = 0,
           lns_window: int = 5, solver: str = "highs", cut: int = 0, lp: bool = False,
           exact_max_n: int = 0, lns_span: int = 0, cpsat: float = 0.0, out: Optional[Path] = None,
-          resume: bool = False, only: Optional[Iterable[int]] = None) -> pd.DataFrame:
-    """Run trials ``only`` (default 0..trials-1) and return one row per trial, sorted by trial."""
+          resume: bool = False, only: Optional[Iterable[int]] = None, jobs: int = 1) -> pd.DataFrame:
+    """Run trials ``only`` (default 0..trials-1), ``jobs`` at a time in worker processes, and return one row
+    per trial, sorted by trial. Rows do not depend on ``jobs`` except through wall-clock limits: LNS, CP-SAT
+    (deterministic work budget) and the bounds give the same rows for any ``jobs``; the exact method's
+    ``time_limit`` is in wall seconds, so where it stops can change when trials share the cores."""
     settings = {"seed": int(seed), "time_limit": float(time_limit), "lns_passes": int(lns_passes),
                 "lns_window": int(lns_window), "lns_span": int(lns_span), "solver": str(solver), "cut": int(cut),
                 "lp": bool(lp), "exact_max_n": int(exact_max_n), "cpsat": float(cpsat)}
     wanted = _trial_list(trials, only)
+    if solver not in ("highs", "gurobi", "branch"):
+        raise ConfigError(f"study: solver={solver!r}; allowed 'highs', 'gurobi' or 'branch'")
+    if isinstance(jobs, bool) or not isinstance(jobs, (int, np.integer)) or jobs < 1:
+        raise ConfigError(f"study: jobs={jobs!r}; allowed a whole number >= 1 (worker processes)")
     if cpsat:  # settings refused before the first trial: below, a ConfigError from CP-SAT costs one trial only
         from kvstudy.optimum.cpsat import require
 
         require(cpsat, "study --cpsat")
     rows = _resumed(out, model, settings) if resume else []
     done = {int(r["trial"]) for r in rows}
-    for trial in wanted:
-        if trial in done:
-            continue
-        rows.append(run_trial(model, trial, **settings))
-        rows.sort(key=lambda r: r["trial"])
-        if out is not None:
-            frame = pd.DataFrame(rows)
-            write_atomic(out, lambda tmp: frame.to_parquet(tmp, index=False))
+    todo = [t for t in wanted if t not in done]
+    if jobs == 1 or len(todo) <= 1:
+        for trial in todo:
+            _keep(rows, run_trial(model, trial, **settings), out)
+        return pd.DataFrame(rows)
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    # spawn, not fork: a forked child would inherit HiGHS's threads and a half-imported solver state
+    pool = ProcessPoolExecutor(min(jobs, len(todo)), mp_context=multiprocessing.get_context("spawn"))
+    try:
+        futures = [pool.submit(run_trial, model, t, **settings) for t in todo]
+        for fut in as_completed(futures):
+            _keep(rows, fut.result(), out)
+    finally:  # on a failed trial: finished rows are on disk; queued trials are dropped, running ones end
+        pool.shutdown(wait=True, cancel_futures=True)
     return pd.DataFrame(rows)
+
+
+def _keep(rows: list, row: dict, out: Optional[Path]) -> None:
+    """Add a finished trial and rewrite ``out`` atomically with every trial so far."""
+    rows.append(row)
+    rows.sort(key=lambda r: r["trial"])
+    if out is not None:
+        frame = pd.DataFrame(rows)
+        write_atomic(out, lambda tmp: frame.to_parquet(tmp, index=False))
 
 
 def instance(model: int, trial: int, seed: int = 0, cut: int = 0):

@@ -63,7 +63,7 @@ def study(model: int, trials: int, time_limit: float, seed: int = 0, lns_passes:
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
-    # spawn, not fork: a forked child would inherit HiGHS's threads and a half-imported solver state
+    # spawn, not fork: forking a process that may already run HiGHS or OR-Tools threads is unsafe
     pool = ProcessPoolExecutor(min(jobs, len(todo)), mp_context=multiprocessing.get_context("spawn"))
     try:
         futures = [pool.submit(run_trial, model, t, **settings) for t in todo]

@@ -23,6 +23,7 @@ import pandas as pd
 from kvstudy.errors import ConfigError
 
 Sources = Union[Mapping[str, pd.DataFrame], Iterable[Union[str, Path]]]
+COLUMNS = ("model", "trial", "n", "M", "mcsf", "incumbent", "bound", "proven_optimal")  # every study file has these
 
 
 def best_known(sources: Sources, verify: bool = True, seed: int = 0) -> pd.DataFrame:
@@ -41,7 +42,7 @@ def best_known(sources: Sources, verify: bool = True, seed: int = 0) -> pd.DataF
             raise ConfigError(f"combine: {label} was made with seed {sorted(df['seed'].unique().tolist())}, "
                               f"not {seed}")
         spent = sum(df[c].fillna(0.0) for c in ("lns_seconds", "cpsat_seconds", "seconds", "lp_seconds") if c in df)
-        part = df[["model", "trial", "n", "M", "mcsf", "incumbent", "bound", "proven_optimal"]].copy()
+        part = df[list(COLUMNS)].copy()
         part["spent"] = spent
         part["source"] = label
         part["start"] = df["start"] if "start" in df else None
@@ -85,8 +86,7 @@ def _load(sources: Sources) -> dict:
             frames[path.name] = pd.read_parquet(path)
         except Exception as exc:
             raise ConfigError(f"combine: cannot read {path} as a study file ({type(exc).__name__}: {exc})") from None
-        missing = [c for c in ("model", "trial", "n", "M", "mcsf", "incumbent", "bound", "proven_optimal")
-                   if c not in frames[path.name].columns]
+        missing = [c for c in COLUMNS if c not in frames[path.name].columns]
         if missing:
             raise ConfigError(f"combine: {path} has no column(s) {missing}; is it a kvstudy.optimum study file?")
     return frames

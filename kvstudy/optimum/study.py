@@ -58,7 +58,7 @@ def study(model: int, trials: int, time_limit: float, seed: int = 0, lns_passes:
     todo = [t for t in wanted if t not in done]
     if jobs == 1 or len(todo) <= 1:
         for trial in todo:
-            _keep(rows, run_trial(model, trial, **settings), out)
+            _keep(rows, run_trial(model, trial, **settings), settings, out)
         return pd.DataFrame(rows)
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -68,15 +68,16 @@ def study(model: int, trials: int, time_limit: float, seed: int = 0, lns_passes:
     try:
         futures = [pool.submit(run_trial, model, t, **settings) for t in todo]
         for fut in as_completed(futures):
-            _keep(rows, fut.result(), out)
+            _keep(rows, fut.result(), settings, out)
     finally:  # on a failed trial: finished rows are on disk; queued trials are dropped, running ones end
         pool.shutdown(wait=True, cancel_futures=True)
     return pd.DataFrame(rows)
 
 
-def _keep(rows: list, row: dict, out: Optional[Path]) -> None:
-    """Add a finished trial and rewrite ``out`` atomically with every trial so far."""
-    rows.append(row)
+def _keep(rows: list, row: dict, settings: dict, out: Optional[Path]) -> None:
+    """Add a finished trial, with the settings that made it, and rewrite ``out`` atomically with every trial
+    so far."""
+    rows.append({**row, **{SETTINGS[k]: v for k, v in settings.items()}})
     rows.sort(key=lambda r: r["trial"])
     if out is not None:
         frame = pd.DataFrame(rows)
@@ -154,9 +155,6 @@ def run_trial(model: int, trial: int, seed: int, time_limit: float, lns_passes: 
     row.update(ip_status=status, incumbent=best, bound=bound, proven_optimal=proven, seconds=seconds,
                ratio_low=mcsf / best, ratio_high=mcsf / bound if bound > 0 else np.inf,
                start=[int(x) for x in best_start])
-    given = {"seed": seed, "time_limit": time_limit, "lns_passes": lns_passes, "lns_window": lns_window,
-             "lns_span": lns_span, "solver": solver, "cut": cut, "lp": lp, "exact_max_n": exact_max_n, "cpsat": cpsat}
-    row.update({SETTINGS[k]: v for k, v in given.items()})
     print(f"model {model} trial {trial:3d}: n={inst.n} M={inst.capacity} MC-SF {mcsf} "
           f"{'OPT' if proven else 'best'} {best} bound {bound:.0f} (IP {status}, {seconds:.1f} s; "
           f"LNS {row.get('lns_seconds', 0.0):.1f} s, CP-SAT {row.get('cpsat_seconds', 0.0):.1f} s)", flush=True)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 
 from kvstudy.errors import cli_entry
-from kvstudy.optimum.study import study
+from kvstudy.optimum.study import seconds_spent, study
 
 
 @cli_entry
@@ -106,7 +106,7 @@ def main(argv=None) -> int:
                args.cut, args.lp, args.exact_max_n, args.lns_span, args.cpsat, out=out, resume=args.resume,
                only=args.only, jobs=args.jobs)
     proven = df["proven_optimal"]
-    spent = sum(df[c].fillna(0.0) for c in ("lns_seconds", "cpsat_seconds", "seconds") if c in df)
+    spent = seconds_spent(df)
     print(f"proven optimal: {int(proven.sum())} of {len(df)}; exact-method time total {df['seconds'].sum():.0f} s, "
           f"median {df['seconds'].median():.1f} s; all methods total {spent.sum():.0f} s, median {spent.median():.1f} s")
     if proven.any():

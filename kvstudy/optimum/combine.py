@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from kvstudy.errors import ConfigError
+from kvstudy.optimum.study import seconds_spent
 
 Sources = Union[Mapping[str, pd.DataFrame], Iterable[Union[str, Path]]]
 COLUMNS = ("model", "trial", "n", "M", "mcsf", "incumbent", "bound", "proven_optimal")  # every study file has these
@@ -41,7 +42,7 @@ def best_known(sources: Sources, verify: bool = True, seed: int = 0) -> pd.DataF
         if "seed" in df and (df["seed"] != seed).any():
             raise ConfigError(f"combine: {label} was made with seed {sorted(df['seed'].unique().tolist())}, "
                               f"not {seed}")
-        spent = sum(df[c].fillna(0.0) for c in ("lns_seconds", "cpsat_seconds", "seconds", "lp_seconds") if c in df)
+        spent = seconds_spent(df)
         part = df[list(COLUMNS)].copy()
         part["spent"] = spent
         part["source"] = label

@@ -84,6 +84,11 @@ def _keep(rows: list, row: dict, settings: dict, out: Optional[Path]) -> None:
         write_atomic(out, lambda tmp: frame.to_parquet(tmp, index=False))
 
 
+def seconds_spent(df: pd.DataFrame) -> pd.Series:
+    """Per row, the seconds of every method the study ran (LNS, CP-SAT, the exact method, the LP)."""
+    return sum(df[c].fillna(0.0) for c in ("lns_seconds", "cpsat_seconds", "seconds", "lp_seconds") if c in df)
+
+
 def instance(model: int, trial: int, seed: int = 0, cut: int = 0):
     """Trial ``trial``'s Sec. 5.1 draw (first ``cut`` requests in arrival order if cut > 0)."""
     from kvstudy.optimum.instance import synthetic
@@ -196,4 +201,4 @@ def _resumed(out: Optional[Path], model: int, settings: dict) -> list:
     return old.to_dict("records")
 
 
-__all__ = ["SETTINGS", "instance", "run_trial", "study"]
+__all__ = ["SETTINGS", "instance", "run_trial", "seconds_spent", "study"]

@@ -19,9 +19,10 @@ import argparse
 import sys
 from pathlib import Path
 
+import pandas as pd
 
 from kvstudy.errors import cli_entry
-from kvstudy.optimum.study import seconds_spent, study
+from kvstudy.optimum.study import StudyStopped, seconds_spent, study
 
 
 @cli_entry
@@ -102,9 +103,15 @@ def main(argv=None) -> int:
         (f"_exact{args.exact_max_n}" if args.exact_max_n and args.time_limit > 0 else "") + \
         (f"_cpsat{args.cpsat:g}" if args.cpsat else "")
     out = args.out or Path(f"outputs/optimum/model{args.model}{tag}.parquet")
-    df = study(args.model, args.trials, args.time_limit, args.seed, args.lns, args.lns_window, args.solver,
-               args.cut, args.lp, args.exact_max_n, args.lns_span, args.cpsat, out=out, resume=args.resume,
-               only=args.only, jobs=args.jobs)
+    try:
+        df = study(args.model, args.trials, args.time_limit, args.seed, args.lns, args.lns_window, args.solver,
+                   args.cut, args.lp, args.exact_max_n, args.lns_span, args.cpsat, out=out, resume=args.resume,
+                   only=args.only, jobs=args.jobs)
+    except StudyStopped:  # the workers are terminated already; every finished trial is in the file
+        kept = f"its {len(pd.read_parquet(out))} finished trials are in {out}" if Path(out).exists() else \
+            "no trial had finished"
+        print(f"study stopped by SIGTERM; {kept} (run it again with --resume to go on)", file=sys.stderr)
+        return 128 + 15
     proven = df["proven_optimal"]
     spent = seconds_spent(df)
     print(f"proven optimal: {int(proven.sum())} of {len(df)}; exact-method time total {df['seconds'].sum():.0f} s, "

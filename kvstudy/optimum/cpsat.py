@@ -24,9 +24,12 @@ interpreter (``python -m kvstudy.optimum.cpsat``, JSON on stdin and stdout) and 
 """
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import json
 import math
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -81,7 +84,7 @@ def improve(inst: Instance, start, work: float, seed: int = 0, wall_limit: float
     payload = {"arrival": inst.arrival.tolist(), "prompt": inst.prompt.tolist(), "output": inst.output.tolist(),
                "capacity": int(inst.capacity), "latest": latest.tolist(), "hint": start.tolist(),
                "heavy": heavy.tolist(), "tail": tail.tolist(), "beta": beta.tolist(), "twins": twins(inst),
-               "work": float(work), "seed": int(seed)}
+               "work": float(work), "seed": int(seed), "parent": os.getpid()}
     began = time.perf_counter()
     limit = wall_limit if wall_limit is not None else 60.0 + 20.0 * work
     try:
@@ -143,8 +146,23 @@ def _solve(p: dict) -> dict:
             "bound": float(solver.best_objective_bound)}
 
 
+def _die_with_parent(parent: int) -> None:
+    """Linux: have the kernel kill this child when the process that started it ends (prctl
+    PR_SET_PDEATHSIG), so a study that is killed, or a worker that ``study`` terminates, leaves no CP-SAT search
+    running on its own. If that process has already gone, exit now. Elsewhere a no-op."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the wall limit of improve() still ends a runaway child
+        return
+    if os.getppid() != parent:
+        sys.exit(1)
+
+
 def main() -> int:
-    json.dump(_solve(json.load(sys.stdin)), sys.stdout)
+    payload = json.load(sys.stdin)
+    _die_with_parent(int(payload["parent"]))
+    json.dump(_solve(payload), sys.stdout)
     return 0
 
 

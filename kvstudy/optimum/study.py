@@ -14,9 +14,16 @@ crashed at trial k keeps trials 0..k-1 on disk. ``resume=True`` keeps the rows a
 the missing trials, after checking that they were made with the same settings (the ``SETTINGS`` columns each
 row carries); rows of other settings are refused with the field named, never mixed in. Each row also holds
 the best schedule found (``start``, one start round per request) so it can be re-checked or reused.
+
+``jobs > 1`` runs trials in a pool of spawned worker processes. A failed trial, Ctrl-C or SIGTERM terminates
+the pool at once (queued and running trials stop; the finished ones are on disk) and SIGTERM surfaces as
+``StudyStopped``, so nothing is left running when the study ends.
 """
 from __future__ import annotations
 
+import signal
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterable, Optional
 
@@ -61,17 +68,53 @@ def study(model: int, trials: int, time_limit: float, seed: int = 0, lns_passes:
             _keep(rows, run_trial(model, trial, **settings), settings, out)
         return pd.DataFrame(rows)
     import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
 
     # spawn, not fork: forking a process that may already run HiGHS or OR-Tools threads is unsafe
-    pool = ProcessPoolExecutor(min(jobs, len(todo)), mp_context=multiprocessing.get_context("spawn"))
+    pool = multiprocessing.get_context("spawn").Pool(min(jobs, len(todo)))
+    finished = False
     try:
-        futures = [pool.submit(run_trial, model, t, **settings) for t in todo]
-        for fut in as_completed(futures):
-            _keep(rows, fut.result(), settings, out)
-    finally:  # on a failed trial: finished rows are on disk; queued trials are dropped, running ones end
-        pool.shutdown(wait=True, cancel_futures=True)
+        with _sigterm_stops():
+            for row in pool.imap_unordered(_run_trial, [(model, t, settings) for t in todo]):
+                _keep(rows, row, settings, out)
+        finished = True
+    finally:
+        if finished:
+            pool.close()
+        else:  # a failed trial, Ctrl-C or SIGTERM: finished rows are on disk; queued and running trials stop now
+            pool.terminate()
+        pool.join()
     return pd.DataFrame(rows)
+
+
+class StudyStopped(BaseException):
+    """SIGTERM reached a study running trials in worker processes. A BaseException, like KeyboardInterrupt, so
+    no ``except Exception`` on the way swallows it; the command line reports it and exits with status 143."""
+
+
+@contextmanager
+def _sigterm_stops():
+    """While trials run in workers, SIGTERM (``kill``, a cluster scheduler's stop) raises ``StudyStopped`` in
+    this process instead of ending it at once, so ``study`` can terminate the workers. Ended outright, the
+    parent leaves them orphaned, still working through the trials already queued to them. Only the main thread
+    can set a handler; elsewhere SIGTERM keeps its default."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise StudyStopped("SIGTERM")
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run_trial(args: tuple) -> dict:
+    """``run_trial`` for a worker process (``Pool.imap_unordered`` passes one argument)."""
+    model, trial, settings = args
+    return run_trial(model, trial, **settings)
 
 
 def _keep(rows: list, row: dict, settings: dict, out: Optional[Path]) -> None:
@@ -201,4 +244,4 @@ def _resumed(out: Optional[Path], model: int, settings: dict) -> list:
     return old.to_dict("records")
 
 
-__all__ = ["SETTINGS", "instance", "run_trial", "seconds_spent", "study"]
+__all__ = ["SETTINGS", "StudyStopped", "instance", "run_trial", "seconds_spent", "study"]

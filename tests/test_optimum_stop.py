@@ -1,0 +1,114 @@
+"""A stopped study leaves nothing running: SIGTERM to a ``--jobs`` study terminates its workers, and a CP-SAT
+child dies with the process that started it. Linux only (process table from /proc, prctl in cpsat.py)."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from kvstudy.optimum import cpsat
+
+pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux's /proc process table")
+
+
+def _children(pid: int) -> list:
+    """(pid, command line) of the live processes whose parent is ``pid``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # the process ended while we looked
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state, ppid, ...
+        if fields[0] != "Z" and int(fields[1]) == pid:
+            found.append((int(entry.name), cmd))
+    return found
+
+
+def _workers(pid: int) -> list:
+    """The pool's worker processes of study ``pid`` (multiprocessing's spawn start-up in the command line)."""
+    return [p for p, cmd in _children(pid) if "spawn_main" in cmd]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _wait_for(what, timeout: float = 60.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = what()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"gave up after {timeout:.0f} s waiting for {what}")
+
+
+def test_sigterm_to_a_jobs_study_stops_its_workers(tmp_path):
+    out = tmp_path / "stop.parquet"
+    # cut-10 Model 1 draws 1, 4, 9 and 10: HiGHS needs more than 30 s on each, so both workers are busy
+    cmd = [sys.executable, "-m", "kvstudy.optimum", "study", "--model", "1", "--cut", "10", "--only", "1", "4", "9",
+           "10", "--time-limit", "30", "--jobs", "2", "--out", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        workers = _wait_for(lambda: len(_workers(proc.pid)) == 2 and _workers(proc.pid))
+        time.sleep(3.0)  # let both start a trial
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, err
+    assert "study stopped by SIGTERM; no trial had finished" in err
+    _wait_for(lambda: not any(_alive(p) for p in workers), timeout=10)
+    assert not out.exists()
+
+
+def test_cpsat_child_dies_with_its_parent(tmp_path):
+    if not cpsat.available():
+        pytest.skip("OR-Tools is not installed (test extras): no CP-SAT child to watch")
+    script = ("from kvstudy.optimum.study import instance\n"
+              "from kvstudy.optimum.online import starts\n"
+              "from kvstudy.policies.mcsf import MCSF\n"
+              "from kvstudy.optimum.cpsat import improve\n"
+              "inst = instance(1, 0)\n"
+              "improve(inst, starts(inst, MCSF()), work=500.0)\n")
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        child = _wait_for(lambda: [p for p, c in _children(parent.pid) if "kvstudy.optimum.cpsat" in c])[0]
+        time.sleep(1.0)  # past the child's start-up, into the search
+        os.kill(parent.pid, signal.SIGKILL)  # no handler, no cleanup: only the kernel can end the child now
+        parent.wait(timeout=10)
+        _wait_for(lambda: not _alive(child), timeout=10)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+
+
+def test_a_study_that_finished_trials_reports_them_when_stopped(tmp_path):
+    out = tmp_path / "some.parquet"
+    # cut-10 trials 0 and 2 are proven in a few seconds, trials 1 and 4 run into the 30-s limit
+    cmd = [sys.executable, "-m", "kvstudy.optimum", "study", "--model", "1", "--cut", "10", "--only", "0", "1", "2",
+           "4", "--time-limit", "30", "--jobs", "2", "--out", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(out.exists)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    kept = pd.read_parquet(out)
+    assert proc.returncode == 143
+    assert f"its {len(kept)} finished trials are in {out}" in err
+    assert set(kept["trial"]) <= {0, 1, 2, 4} and kept["proven_optimal"].all()

@@ -54,21 +54,35 @@ def _wait_for(what, timeout: float = 60.0):
     raise AssertionError(f"gave up after {timeout:.0f} s waiting for {what}")
 
 
-def test_sigterm_to_a_jobs_study_stops_its_workers(tmp_path):
-    out = tmp_path / "stop.parquet"
-    # cut-10 Model 1 draws 1, 4, 9 and 10: HiGHS needs more than 30 s on each, so both workers are busy
-    cmd = [sys.executable, "-m", "kvstudy.optimum", "study", "--model", "1", "--cut", "10", "--only", "1", "4", "9",
-           "10", "--time-limit", "30", "--jobs", "2", "--out", str(out)]
+def _sigterm_study(args: list, ready) -> tuple:
+    """Run ``python -m kvstudy.optimum study --jobs 2 ARGS``, wait until ``ready(pid)`` returns something, send
+    SIGTERM to the study (the parent only, as ``kill`` does) and return (what ready returned, exit code, stderr)."""
+    cmd = [sys.executable, "-m", "kvstudy.optimum", "study", "--model", "1", "--cut", "10", "--time-limit", "30",
+           "--jobs", "2", *args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        workers = _wait_for(lambda: len(_workers(proc.pid)) == 2 and _workers(proc.pid))
-        time.sleep(3.0)  # let both start a trial
+        seen = _wait_for(lambda: ready(proc.pid))
         proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=30)
+        _, err = proc.communicate(timeout=30)  # orphaned workers would hold the pipes open: this would time out
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 143, err
+    return seen, proc.returncode, err
+
+
+def test_sigterm_to_a_jobs_study_stops_its_workers(tmp_path):
+    out = tmp_path / "stop.parquet"
+
+    def both_busy(pid):
+        workers = _workers(pid)
+        if len(workers) == 2:
+            time.sleep(3.0)  # let both start a trial
+            return workers
+        return None
+
+    # cut-10 Model 1 draws 1, 4, 9 and 10: HiGHS needs more than 30 s on each, so both workers are busy
+    workers, code, err = _sigterm_study(["--only", "1", "4", "9", "10", "--out", str(out)], both_busy)
+    assert code == 143, err
     assert "study stopped by SIGTERM; no trial had finished" in err
     _wait_for(lambda: not any(_alive(p) for p in workers), timeout=10)
     assert not out.exists()
@@ -98,17 +112,8 @@ def test_cpsat_child_dies_with_its_parent(tmp_path):
 def test_a_study_that_finished_trials_reports_them_when_stopped(tmp_path):
     out = tmp_path / "some.parquet"
     # cut-10 trials 0 and 2 are proven in a few seconds, trials 1 and 4 run into the 30-s limit
-    cmd = [sys.executable, "-m", "kvstudy.optimum", "study", "--model", "1", "--cut", "10", "--only", "0", "1", "2",
-           "4", "--time-limit", "30", "--jobs", "2", "--out", str(out)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        _wait_for(out.exists)
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    _, code, err = _sigterm_study(["--only", "0", "1", "2", "4", "--out", str(out)], lambda pid: out.exists())
     kept = pd.read_parquet(out)
-    assert proc.returncode == 143
+    assert code == 143
     assert f"its {len(kept)} finished trials are in {out}" in err
     assert set(kept["trial"]) <= {0, 1, 2, 4} and kept["proven_optimal"].all()

@@ -71,17 +71,16 @@ def study(model: int, trials: int, time_limit: float, seed: int = 0, lns_passes:
 
     # spawn, not fork: forking a process that may already run HiGHS or OR-Tools threads is unsafe
     pool = multiprocessing.get_context("spawn").Pool(min(jobs, len(todo)))
-    finished = False
     try:
         with _sigterm_stops():
             for row in pool.imap_unordered(_run_trial, [(model, t, settings) for t in todo]):
                 _keep(rows, row, settings, out)
-        finished = True
+    except BaseException:  # a failed trial, Ctrl-C or SIGTERM: finished rows are on disk; the rest stop now
+        pool.terminate()
+        raise
+    else:
+        pool.close()
     finally:
-        if finished:
-            pool.close()
-        else:  # a failed trial, Ctrl-C or SIGTERM: finished rows are on disk; queued and running trials stop now
-            pool.terminate()
         pool.join()
     return pd.DataFrame(rows)
 

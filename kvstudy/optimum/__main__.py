@@ -108,8 +108,8 @@ def main(argv=None) -> int:
                    args.cut, args.lp, args.exact_max_n, args.lns_span, args.cpsat, out=out, resume=args.resume,
                    only=args.only, jobs=args.jobs)
     except StudyStopped:  # the workers are terminated already; every finished trial is in the file
-        kept = f"its {len(pd.read_parquet(out))} finished trials are in {out}" if Path(out).exists() else \
-            "no trial had finished"
+        done = len(pd.read_parquet(out)) if Path(out).exists() else 0
+        kept = f"its {done} finished trial{'s are' if done > 1 else ' is'} in {out}" if done else "no trial had finished"
         print(f"study stopped by SIGTERM; {kept} (run it again with --resume to go on)", file=sys.stderr)
         return 128 + 15
     proven = df["proven_optimal"]

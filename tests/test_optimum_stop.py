@@ -15,6 +15,12 @@ from kvstudy.optimum import cpsat
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux's /proc process table")
 
 
+def _stat(pid) -> list:
+    """The fields of /proc/PID/stat after "pid (comm) ": state, ppid, ... (comm may hold spaces and ")")."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rindex(")") + 2:].split()
+
+
 def _children(pid: int) -> list:
     """(pid, command line) of the live processes whose parent is ``pid``."""
     found = []
@@ -22,11 +28,10 @@ def _children(pid: int) -> list:
         if not entry.name.isdigit():
             continue
         try:
-            stat = (entry / "stat").read_text()
+            fields = _stat(entry.name)
             cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:  # the process ended while we looked
             continue
-        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state, ppid, ...
         if fields[0] != "Z" and int(fields[1]) == pid:
             found.append((int(entry.name), cmd))
     return found
@@ -39,8 +44,8 @@ def _workers(pid: int) -> list:
 
 def _alive(pid: int) -> bool:
     try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
-    except (OSError, IndexError):
+        return _stat(pid)[0] != "Z"
+    except OSError:
         return False
 
 
@@ -88,7 +93,7 @@ def test_sigterm_to_a_jobs_study_stops_its_workers(tmp_path):
     assert not out.exists()
 
 
-def test_cpsat_child_dies_with_its_parent(tmp_path):
+def test_cpsat_child_dies_with_its_parent():
     if not cpsat.available():
         pytest.skip("OR-Tools is not installed (test extras): no CP-SAT child to watch")
     script = ("from kvstudy.optimum.study import instance\n"

@@ -29,6 +29,18 @@ def test_best_schedule_and_bound_of_any_file(runs):
     assert np.allclose(both["ratio_low"], both["mcsf"] / both["incumbent"])
 
 
+def test_a_best_schedule_known_only_as_a_number_is_flagged(runs):
+    plain, searched = runs
+    bare = searched.drop(columns=["start"])  # a file from before the start column: same value, no schedule
+    tied = best_known({"bare": bare, "searched": searched}).iloc[0]
+    assert tied["incumbent_from"] == "searched" and tied["incumbent_checked"]  # the stored schedule wins the tie
+    better = bare.copy()
+    better["incumbent"] -= 1  # a claim no schedule backs
+    alone = best_known({"better": better, "searched": searched}).iloc[0]
+    assert alone["incumbent_from"] == "better" and not alone["incumbent_checked"]
+    assert not best_known({"searched": searched}, verify=False)["incumbent_checked"].any()
+
+
 def test_a_bound_within_one_of_the_schedule_proves_it(runs):
     plain, _ = runs
     tight = plain.copy()

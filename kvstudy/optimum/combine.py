@@ -9,7 +9,8 @@ it or when the bound reaches the incumbent (objective (1) is an integer, so ceil
 Nothing is taken on trust: every file's rows must be paper-size draws of the same seed (``cut`` 0), and with
 ``verify`` each trial's draw is regenerated (``study.instance``) and must match the file's n, M and MC-SF
 latency, and every stored schedule (``start``, files written since it was added) must pass ``checker.check`` at
-its stated latency. Files that disagree are refused with the file and trial named.
+its stated latency. Files that disagree are refused with the file and trial named. A best schedule known only
+as a number (older files) is flagged ``incumbent_checked=False`` rather than hidden.
 """
 from __future__ import annotations
 
@@ -28,7 +29,9 @@ COLUMNS = ("model", "trial", "n", "M", "mcsf", "incumbent", "bound", "proven_opt
 
 
 def best_known(sources: Sources, verify: bool = True, seed: int = 0) -> pd.DataFrame:
-    """One row per (model, trial) seen in any source: n, M, mcsf, incumbent and the file it came from, bound
+    """One row per (model, trial) seen in any source: n, M, mcsf, incumbent and the file it came from
+    (among files tied on it, one that stores the schedule), incumbent_checked (that schedule is stored and passed
+    the checker here; False when only a file without ``start`` holds the value, or ``verify`` is off), bound
     and its file, proven_optimal, ratio_low = mcsf / incumbent, ratio_high = mcsf / bound, files (how many
     sources hold the trial) and seconds (every method's seconds summed over all sources)."""
     frames = _load(sources)
@@ -59,7 +62,9 @@ def best_known(sources: Sources, verify: bool = True, seed: int = 0) -> pd.DataF
                                   f"({dict(zip(g['source'], g[field]))}); they are not the same draw")
         if verify:
             _verify(int(model), int(trial), g, seed)
-        inc = g.loc[g["incumbent"].idxmin()]
+        best = g[g["incumbent"] == g["incumbent"].min()]
+        stored = best["start"].map(_has_schedule)
+        inc = best[stored].iloc[0] if stored.any() else best.iloc[0]  # a re-checked schedule over a bare number
         bnd = g.loc[g["bound"].idxmax()]
         incumbent, bound = int(inc["incumbent"]), float(bnd["bound"])
         if bound > incumbent + 1e-6:
@@ -70,11 +75,17 @@ def best_known(sources: Sources, verify: bool = True, seed: int = 0) -> pd.DataF
             bound = float(incumbent)
         mcsf = int(g["mcsf"].iloc[0])
         out.append({"model": int(model), "trial": int(trial), "n": int(g["n"].iloc[0]), "M": int(g["M"].iloc[0]),
-                    "mcsf": mcsf, "incumbent": incumbent, "incumbent_from": inc["source"], "bound": bound,
+                    "mcsf": mcsf, "incumbent": incumbent, "incumbent_from": inc["source"],
+                    "incumbent_checked": bool(verify and _has_schedule(inc["start"])), "bound": bound,
                     "bound_from": bnd["source"], "proven_optimal": proven, "ratio_low": mcsf / incumbent,
                     "ratio_high": mcsf / bound if bound > 0 else np.inf, "files": len(g),
                     "seconds": float(g["spent"].sum())})
     return pd.DataFrame(out)
+
+
+def _has_schedule(start) -> bool:
+    """Whether a row stores its schedule (files written before the ``start`` column hold None or NaN)."""
+    return start is not None and not (isinstance(start, float) and np.isnan(start))
 
 
 def _load(sources: Sources) -> dict:
@@ -109,7 +120,7 @@ def _verify(model: int, trial: int, g: pd.DataFrame, seed: int) -> None:
         raise ConfigError(f"combine: model {model} trial {trial} in {row['source']}: MC-SF {row['mcsf']}, "
                           f"recomputed {mcsf}")
     for r in g.itertuples():
-        if r.start is not None and not (isinstance(r.start, float) and np.isnan(r.start)):
+        if _has_schedule(r.start):
             try:
                 value = check(inst, np.asarray(r.start, dtype=np.int64))
             except Exception as exc:  # InfeasibleSchedule, wrong length: name the file, not the checker's line

@@ -1,16 +1,18 @@
-"""CP-SAT on the cumulative model (cpsat.py): agrees with exhaustive search where it claims a proof, its
+"""CP-SAT on the IP (cpsat.py), in each of its memory formulations: agrees with exhaustive search where it claims a proof, its
 schedules pass the checker, it never returns worse than it was given, it is deterministic, and it refuses bad
 settings and a missing OR-Tools with a message that says what to do."""
 import numpy as np
+import pandas as pd
 import pytest
 
 from kvstudy.errors import ConfigError
 from kvstudy.optimum import cpsat
-from kvstudy.optimum.checker import check
+from kvstudy.optimum.checker import check, memory_use
 from kvstudy.optimum.instance import Instance, synthetic
 from kvstudy.optimum.ip import brute_force
 from kvstudy.optimum.lns import improve as lns
 from kvstudy.optimum.online import starts
+from kvstudy.optimum.study import study
 from kvstudy.policies.mcsf import MCSF
 from tests.instances import tiny
 
@@ -23,13 +25,42 @@ def draw(model: int, trial: int, cut: int) -> Instance:
 
 
 @needs_ortools
+@pytest.mark.parametrize("formulation", cpsat.FORMULATIONS)
 @pytest.mark.parametrize("seed", range(4))
-def test_cpsat_proofs_match_exhaustive_search(seed):
+def test_cpsat_proofs_match_exhaustive_search(seed, formulation):
     inst = tiny(300 + seed, n=4, memory=(8, 12))
-    res = cpsat.improve(inst, starts(inst, MCSF()), work=2)
+    res = cpsat.improve(inst, starts(inst, MCSF()), work=2, formulation=formulation)
     assert res.proven_optimal
     assert res.objective == check(inst, res.start) == brute_force(inst)
     assert res.bound <= res.objective
+
+
+@needs_ortools
+@pytest.mark.parametrize("seed", range(6))
+def test_completion_rows_alone_are_exactly_the_memory_constraint(seed):
+    # staggered arrivals, larger prompts: the completion rows must not cut off the optimum, and a peak they
+    # missed would let CP-SAT return a schedule the checker rejects
+    inst = tiny(500 + seed, n=4, memory=(8, 12), prompt_max=3, arrival_max=4)
+    res = cpsat.improve(inst, starts(inst, MCSF()), work=5, formulation="completion")
+    assert res.proven_optimal and res.objective == check(inst, res.start) == brute_force(inst)
+
+
+def test_memory_peaks_in_completion_rounds():
+    # the fact the completion rows rest on (cpsat._completion_rows): over any schedule, the most memory held in
+    # any round is held in some request's completion round S + o
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        n = int(rng.integers(1, 8))
+        inst = Instance(np.zeros(n, dtype=np.int64), rng.integers(1, 6, n), rng.integers(1, 30, n), 10**6)
+        start = rng.integers(0, 40, n)
+        memory = memory_use(inst, start, int((start + inst.output).max()) + 1)
+        assert memory.max() == memory[start + inst.output].max()
+
+
+def test_cpsat_refuses_an_unknown_formulation():
+    inst = tiny(1)
+    with pytest.raises(ConfigError, match=r"cpsat formulation 'cumulativ': allowed cumulative, completion, both"):
+        cpsat.improve(inst, starts(inst, MCSF()), work=1, formulation="cumulativ")
 
 
 @needs_ortools
@@ -77,14 +108,25 @@ def test_cpsat_refuses_an_infeasible_start():
 
 @needs_ortools
 def test_study_counts_a_cpsat_proof_and_matches_the_ip():
-    from kvstudy.optimum.study import study
-
     by_cpsat = study(2, trials=2, time_limit=5, cut=6, cpsat=5)
     by_ip = study(2, trials=2, time_limit=30, cut=6)
     assert by_cpsat["ip_status"].tolist() == ["optimal (cpsat)"] * 2 and by_cpsat["proven_optimal"].all()
     assert by_ip["proven_optimal"].all()
     assert by_cpsat["incumbent"].tolist() == by_ip["incumbent"].tolist()
     assert (by_cpsat["bound"] == by_cpsat["incumbent"]).all()
+
+
+@needs_ortools
+def test_study_cli_runs_the_completion_formulation(tmp_path):
+    from kvstudy.optimum.__main__ import main
+
+    out = tmp_path / "c.parquet"
+    args = ["study", "--model", "2", "--trials", "2", "--cut", "6", "--time-limit", "0", "--cpsat", "5",
+            "--cpsat-formulation", "completion", "--out", str(out)]
+    assert main(args) == 0
+    df = pd.read_parquet(out)
+    assert df["cpsat_formulation"].tolist() == ["completion"] * 2 and df["proven_optimal"].all()
+    assert df["incumbent"].tolist() == study(2, trials=2, time_limit=30, cut=6)["incumbent"].tolist()  # the IP's
 
 
 def test_study_cli_refuses_a_negative_cpsat_budget(capsys):
@@ -96,8 +138,6 @@ def test_study_cli_refuses_a_negative_cpsat_budget(capsys):
 
 
 def test_study_keeps_going_when_one_cpsat_child_fails(monkeypatch):
-    from kvstudy.optimum.study import study
-
     def killed(*args, **kwargs):
         raise ConfigError("cpsat: the CP-SAT child failed (exit -9): no message")
 
@@ -109,8 +149,6 @@ def test_study_keeps_going_when_one_cpsat_child_fails(monkeypatch):
 
 
 def test_study_without_ortools_stops_before_the_first_trial(monkeypatch):
-    from kvstudy.optimum.study import study
-
     monkeypatch.setattr(cpsat, "available", lambda: False)
     with pytest.raises(ConfigError, match="study --cpsat needs OR-Tools"):
         study(2, trials=2, time_limit=0, cut=6, cpsat=1)
@@ -118,7 +156,5 @@ def test_study_without_ortools_stops_before_the_first_trial(monkeypatch):
 
 @pytest.mark.parametrize("work", [float("nan"), float("inf"), -1.0])
 def test_study_refuses_a_bad_cpsat_budget_before_the_first_trial(work):
-    from kvstudy.optimum.study import study
-
     with pytest.raises(ConfigError, match="study --cpsat work"):
         study(2, trials=2, time_limit=0, cut=6, cpsat=work)

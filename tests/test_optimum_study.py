@@ -120,3 +120,20 @@ def test_bad_jobs_is_refused(jobs):
 def test_unknown_solver_is_refused_before_any_trial():
     with pytest.raises(ConfigError, match=r"solver='nope'; allowed 'highs', 'gurobi' or 'branch'"):
         study(1, trials=2, solver="nope", **FAST)
+
+
+def test_unknown_cpsat_formulation_is_refused_before_any_trial():
+    with pytest.raises(ConfigError, match=r"cpsat_formulation='rows'; allowed cumulative, completion, both"):
+        study(1, trials=2, cpsat_formulation="rows", **FAST)
+
+
+def test_resume_reads_a_file_from_before_the_formulation_setting_as_cumulative(tmp_path):
+    out = tmp_path / "m2.parquet"
+    study(2, trials=1, out=out, **FAST)
+    older = pd.read_parquet(out).drop(columns=["cpsat_formulation"])  # as written before the setting existed
+    older.to_parquet(out)
+    assert study(2, trials=2, out=out, resume=True, **FAST)["trial"].tolist() == [0, 1]
+    older.to_parquet(out)
+    with pytest.raises(ConfigError, match=r"made with cpsat_formulation=\['cumulative'\], this run has "
+                                          r"cpsat_formulation='completion'"):
+        study(2, trials=2, out=out, resume=True, cpsat_formulation="completion", **FAST)

@@ -22,6 +22,7 @@ from pathlib import Path
 import pandas as pd
 
 from kvstudy.errors import cli_entry
+from kvstudy.optimum.cpsat import FORMULATIONS
 from kvstudy.optimum.study import StudyStopped, seconds_spent, study
 
 
@@ -46,6 +47,10 @@ def main(argv=None) -> int:
     st.add_argument("--cpsat", type=float, default=0.0, metavar="WORK",
                     help="after LNS, search with OR-Tools CP-SAT for WORK deterministic-time units per instance "
                          "(cpsat.py; 0: off; needs the cpsat extra); its proofs count as optimal")
+    st.add_argument("--cpsat-formulation", choices=FORMULATIONS, default="cumulative",
+                    help="memory (3) in CP-SAT: one cumulative constraint over the growing footprints, rows in "
+                         "each request's completion round (where memory peaks), or both (cpsat.py; bench/"
+                         "cpsat_formulations.py compares them)")
     st.add_argument("--solver", choices=("highs", "gurobi", "branch"), default="highs",
                     help="exact method: the IP with HiGHS or Gurobi, or kvstudy's branch-and-bound (branch.py)")
     st.add_argument("--exact-max-n", type=int, default=0, metavar="N",
@@ -101,11 +106,12 @@ def main(argv=None) -> int:
         parser.error(f"--exact-max-n {args.exact_max_n}: allowed 0 (every instance) or a positive number")
     tag = (f"_cut{args.cut}" if args.cut else "") + ("_lp" if args.lp else "") + \
         (f"_exact{args.exact_max_n}" if args.exact_max_n and args.time_limit > 0 else "") + \
-        (f"_cpsat{args.cpsat:g}" if args.cpsat else "")
+        (f"_cpsat{args.cpsat:g}" if args.cpsat else "") + \
+        (f"_{args.cpsat_formulation}" if args.cpsat and args.cpsat_formulation != "cumulative" else "")
     out = args.out or Path(f"outputs/optimum/model{args.model}{tag}.parquet")
     try:
         df = study(args.model, args.trials, args.time_limit, args.seed, args.lns, args.lns_window, args.solver,
-                   args.cut, args.lp, args.exact_max_n, args.lns_span, args.cpsat, out=out, resume=args.resume,
+                   args.cut, args.lp, args.exact_max_n, args.lns_span, args.cpsat, out=out, resume=args.resume, cpsat_formulation=args.cpsat_formulation,
                    only=args.only, jobs=args.jobs)
     except StudyStopped:  # the workers are terminated already; every finished trial is in the file
         done = len(pd.read_parquet(out)) if Path(out).exists() else 0

@@ -1,10 +1,15 @@
-"""Better schedules (and, on small instances, proofs) from OR-Tools CP-SAT on a cumulative model of (1)-(4).
+"""Better schedules (and, on small instances, proofs) from OR-Tools CP-SAT on a model of the IP (1)-(4).
 
 The model has one integer start S_i in [a_i, latest_i] per request (``bounds.latest_starts`` of the schedule
-it starts from, so no schedule at least as good is cut off). The growing footprint s + t - S in rounds
-S+1 .. S+o (``checker.py``'s convention) is written exactly as stacked intervals under one cumulative constraint
-of capacity M: demand s over rounds S+1 .. S+o, plus demand 1 over rounds S+k .. S+o for k = 1 .. o; in round
-t their sum is s + (t - S). Two valid additions that cut off no feasible schedule: the heavy blocks of
+it starts from, so no schedule at least as good is cut off). Memory (3) is written in one of two exact ways
+(``formulation``), or both at once:
+- "cumulative" (the default; what the stored studies ran): the growing footprint s + t - S in rounds
+  S+1 .. S+o (``checker.py``'s convention) as stacked intervals under one cumulative constraint of capacity M:
+  demand s over rounds S+1 .. S+o, plus demand 1 over rounds S+k .. S+o for k = 1 .. o; in round t their sum
+  is s + (t - S).
+- "completion": memory is checked only in the rounds where it can peak, the completion rounds S_i + o_i
+  (``_completion_rows``), with one "is j active when i completes" choice per pair of requests.
+``bench/cpsat_formulations.py`` compares them (numbers in the README). Two valid additions that cut off no feasible schedule: the heavy blocks of
 ``bounds.heavy_blocks`` never overlap (a NoOverlap constraint, the same fact as ``ip.block_rows``), and identical
 requests start in index order (``ip.twin_rows``). The objective is (1), sum(S + o - a). The given schedule is
 the search hint.
@@ -44,6 +49,8 @@ from kvstudy.optimum.instance import Instance
 from kvstudy.optimum.ip import twins
 
 SUBSOLVERS = 4  # interleaved subsolvers; with 2 cores the interleaved run uses both
+FORMULATIONS = ("cumulative", "completion", "both")
+DEFAULT_FORMULATION = "cumulative"  # what the stored studies ran; see the module text
 
 
 @dataclass
@@ -73,9 +80,13 @@ def require(work: float, what: str = "cpsat") -> None:
         raise ConfigError(f"{what} needs OR-Tools, which is not installed: pip install -e '.[cpsat]'")
 
 
-def improve(inst: Instance, start, work: float, seed: int = 0, wall_limit: float | None = None) -> CPResult:
+def improve(inst: Instance, start, work: float, seed: int = 0, wall_limit: float | None = None,
+            formulation: str = DEFAULT_FORMULATION) -> CPResult:
     """Search from the feasible schedule ``start`` for ``work`` deterministic-time units; see the module text.
-    ``wall_limit`` (default 60 + 20 * work s) stops a child that runs away; that is an error, not a result."""
+    ``wall_limit`` (default 60 + 20 * work s) stops a child that runs away; that is an error, not a result.
+    ``formulation``: memory (3) as the cumulative constraint, as the completion-round rows, or both."""
+    if formulation not in FORMULATIONS:
+        raise ConfigError(f"cpsat formulation {formulation!r}: allowed {', '.join(FORMULATIONS)}")
     require(work)
     start = np.asarray(start, dtype=np.int64)
     initial = check(inst, start)
@@ -84,7 +95,7 @@ def improve(inst: Instance, start, work: float, seed: int = 0, wall_limit: float
     payload = {"arrival": inst.arrival.tolist(), "prompt": inst.prompt.tolist(), "output": inst.output.tolist(),
                "capacity": int(inst.capacity), "latest": latest.tolist(), "hint": start.tolist(),
                "heavy": heavy.tolist(), "tail": tail.tolist(), "beta": beta.tolist(), "twins": twins(inst),
-               "work": float(work), "seed": int(seed), "parent": os.getpid()}
+               "work": float(work), "seed": int(seed), "parent": os.getpid(), "formulation": formulation}
     began = time.perf_counter()
     limit = wall_limit if wall_limit is not None else 60.0 + 20.0 * work
     try:
@@ -116,19 +127,25 @@ def _solve(p: dict) -> dict:
     n = len(a)
     m = cp_model.CpModel()
     S = [m.new_int_var(int(a[i]), int(p["latest"][i]), f"S{i}") for i in range(n)]
+    formulation = p.get("formulation", DEFAULT_FORMULATION)
+    cumulative = formulation in ("cumulative", "both")
     intervals, demands, blocks = [], [], []
-    for i in range(n):
+    for i in range(n):  # per request: its footprint's intervals (if cumulative), then its heavy block
         oi = int(o[i])
-        intervals.append(m.new_fixed_size_interval_var(S[i] + 1, oi, f"prompt{i}"))
-        demands.append(int(s[i]))
-        for k in range(1, oi + 1):
-            intervals.append(m.new_fixed_size_interval_var(S[i] + k, oi - k + 1, f"grow{i}_{k}"))
-            demands.append(1)
+        if cumulative:
+            intervals.append(m.new_fixed_size_interval_var(S[i] + 1, oi, f"prompt{i}"))
+            demands.append(int(s[i]))
+            for k in range(1, oi + 1):
+                intervals.append(m.new_fixed_size_interval_var(S[i] + k, oi - k + 1, f"grow{i}_{k}"))
+                demands.append(1)
         if p["heavy"][i]:
             tail, beta = int(p["tail"][i]), int(p["beta"][i])
             blocks.append(m.new_fixed_size_interval_var(S[i] + oi - tail + 1, tail + beta, f"block{i}"))
-    m.add_cumulative(intervals, demands, int(p["capacity"]))
+    if cumulative:
+        m.add_cumulative(intervals, demands, int(p["capacity"]))
     m.add_no_overlap(blocks)
+    if formulation in ("completion", "both"):
+        _completion_rows(m, S, a, s, o, np.asarray(p["latest"], dtype=np.int64), int(p["capacity"]))
     for i, j in p["twins"]:
         m.add(S[i] <= S[j])
     m.minimize(sum(S) + int(np.sum(o - a)))
@@ -144,6 +161,38 @@ def _solve(p: dict) -> dict:
     return {"status": "optimal" if status == cp_model.OPTIMAL else "feasible" if found else solver.status_name(status).lower(),
             "start": [int(solver.value(x)) for x in S] if found else None,
             "bound": float(solver.best_objective_bound)}
+
+
+def _completion_rows(m, S, a, s, o, latest, capacity: int) -> None:
+    """Memory (3) checked only where it can peak: in the completion round C_i = S_i + o_i of every request.
+
+    Between two completion rounds no request leaves and every active one grows by a token per round, so memory
+    never falls there; its maximum over the schedule is reached in some completion round. In round C_i request i
+    holds s_i + o_i, and request j holds s_j + C_i - S_j if it is active then (S_j < C_i <= S_j + o_j), else
+    nothing. So  s_i + o_i + sum_j mem_ij <= M  for every i is exactly (3). One Boolean per pair says which of
+    "j starts at or after C_i", "j is active at C_i", "j has finished before C_i" holds; pairs whose domains
+    (start in [a_j, latest_j]) leave j no way to be active at C_i get no variables."""
+    n = len(S)
+    for i in range(n):
+        held = []
+        c_i = S[i] + int(o[i])
+        for j in range(n):
+            if j == i:
+                continue
+            gap_lo, gap_hi = a[i] + o[i] - latest[j], latest[i] + o[i] - a[j]  # range of C_i - S_j
+            if gap_hi < 1 or gap_lo > o[j]:
+                continue  # j is never active at C_i
+            active, before, after = m.new_bool_var(""), m.new_bool_var(""), m.new_bool_var("")
+            m.add_exactly_one([active, before, after])
+            m.add(c_i <= S[j]).only_enforce_if(before)
+            m.add(c_i >= S[j] + int(o[j]) + 1).only_enforce_if(after)
+            m.add(c_i >= S[j] + 1).only_enforce_if(active)
+            m.add(c_i <= S[j] + int(o[j])).only_enforce_if(active)
+            mem = m.new_int_var(0, int(s[j] + o[j]), "")
+            m.add(mem == int(s[j]) + c_i - S[j]).only_enforce_if(active)
+            m.add(mem == 0).only_enforce_if(~active)
+            held.append(mem)
+        m.add(int(s[i] + o[i]) + sum(held) <= capacity)
 
 
 def _die_with_parent(parent: int) -> None:

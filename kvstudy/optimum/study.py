@@ -37,28 +37,34 @@ from kvstudy.errors import ConfigError
 # never a mix. The CP-SAT budget is column "cpsat_work": column "cpsat" holds CP-SAT's schedule value.
 SETTINGS = {"seed": "seed", "time_limit": "time_limit", "lns_passes": "lns_passes", "lns_window": "lns_window",
             "lns_span": "lns_span", "solver": "solver", "cut": "cut", "lp": "lp", "exact_max_n": "exact_max_n",
-            "cpsat": "cpsat_work"}
+            "cpsat": "cpsat_work", "cpsat_formulation": "cpsat_formulation"}
+# Files written before a setting existed ran what is now its default; --resume reads them so.
+_BEFORE = {"cpsat_formulation": "cumulative"}
 
 
 def study(model: int, trials: int, time_limit: float, seed: int = 0, lns_passes: int = 0,
           lns_window: int = 5, solver: str = "highs", cut: int = 0, lp: bool = False,
           exact_max_n: int = 0, lns_span: int = 0, cpsat: float = 0.0, out: Optional[Path] = None,
-          resume: bool = False, only: Optional[Iterable[int]] = None, jobs: int = 1) -> pd.DataFrame:
+          resume: bool = False, only: Optional[Iterable[int]] = None, jobs: int = 1,
+          cpsat_formulation: str = "cumulative") -> pd.DataFrame:
     """Run trials ``only`` (default 0..trials-1), ``jobs`` at a time in worker processes, and return one row
     per trial, sorted by trial. Rows do not depend on ``jobs`` except through wall-clock limits: LNS, CP-SAT
     (deterministic work budget) and the bounds give the same rows for any ``jobs``; the exact method's
     ``time_limit`` is in wall seconds, so where it stops can change when trials share the cores."""
     settings = {"seed": int(seed), "time_limit": float(time_limit), "lns_passes": int(lns_passes),
                 "lns_window": int(lns_window), "lns_span": int(lns_span), "solver": str(solver), "cut": int(cut),
-                "lp": bool(lp), "exact_max_n": int(exact_max_n), "cpsat": float(cpsat)}
+                "lp": bool(lp), "exact_max_n": int(exact_max_n), "cpsat": float(cpsat),
+                "cpsat_formulation": str(cpsat_formulation)}
     wanted = _trial_list(trials, only)
     if solver not in ("highs", "gurobi", "branch"):
         raise ConfigError(f"study: solver={solver!r}; allowed 'highs', 'gurobi' or 'branch'")
     if isinstance(jobs, bool) or not isinstance(jobs, (int, np.integer)) or jobs < 1:
         raise ConfigError(f"study: jobs={jobs!r}; allowed a whole number >= 1 (worker processes)")
-    if cpsat:  # settings refused before the first trial: below, a ConfigError from CP-SAT costs one trial only
-        from kvstudy.optimum.cpsat import require
+    from kvstudy.optimum.cpsat import FORMULATIONS, require
 
+    if cpsat_formulation not in FORMULATIONS:
+        raise ConfigError(f"study: cpsat_formulation={cpsat_formulation!r}; allowed {', '.join(FORMULATIONS)}")
+    if cpsat:  # settings refused before the first trial: below, a ConfigError from CP-SAT costs one trial only
         require(cpsat, "study --cpsat")
     rows = _resumed(out, model, settings) if resume else []
     done = {int(r["trial"]) for r in rows}
@@ -143,7 +149,8 @@ def instance(model: int, trial: int, seed: int = 0, cut: int = 0):
 
 
 def run_trial(model: int, trial: int, seed: int, time_limit: float, lns_passes: int, lns_window: int,
-              lns_span: int, solver: str, cut: int, lp: bool, exact_max_n: int, cpsat: float) -> dict:
+              lns_span: int, solver: str, cut: int, lp: bool, exact_max_n: int, cpsat: float,
+              cpsat_formulation: str = "cumulative") -> dict:
     from kvstudy.optimum.bounds import block_bound, volume_bound
     from kvstudy.optimum.branch import solve_instance
     from kvstudy.optimum.checker import check
@@ -168,7 +175,7 @@ def run_trial(model: int, trial: int, seed: int, time_limit: float, lns_passes: 
         from kvstudy.optimum.cpsat import improve as cp_improve
 
         try:
-            cp = cp_improve(inst, best_start, cpsat, seed=seed)
+            cp = cp_improve(inst, best_start, cpsat, seed=seed, formulation=cpsat_formulation)
         except ConfigError as exc:  # one failed child (killed, out of memory) costs this trial's CP-SAT only
             row.update(cpsat=best, cpsat_status=f"error: {exc}", cpsat_bound=0.0, cpsat_seconds=np.nan)
             print(f"model {model} trial {trial:3d}: CP-SAT skipped, {exc}", flush=True)
@@ -231,6 +238,9 @@ def _resumed(out: Optional[Path], model: int, settings: dict) -> list:
         old = pd.read_parquet(out)
     except Exception as exc:  # a file that is not ours: say which and why, do not overwrite it silently
         raise ConfigError(f"study --resume: cannot read {out} as parquet ({type(exc).__name__}: {exc})") from None
+    for column, value in _BEFORE.items():
+        if column not in old.columns:
+            old[column] = value
     missing = [c for c in ("model", "trial", *SETTINGS.values()) if c not in old.columns]
     if missing:
         raise ConfigError(f"study --resume: {out} has no column(s) {missing} (written by an older kvstudy or "

@@ -22,7 +22,7 @@ from pathlib import Path
 import pandas as pd
 
 from kvstudy.errors import cli_entry
-from kvstudy.optimum.cpsat import FORMULATIONS
+from kvstudy.optimum.cpsat import DEFAULT_FORMULATION, FORMULATIONS
 from kvstudy.optimum.study import StudyStopped, seconds_spent, study
 
 
@@ -47,7 +47,7 @@ def main(argv=None) -> int:
     st.add_argument("--cpsat", type=float, default=0.0, metavar="WORK",
                     help="after LNS, search with OR-Tools CP-SAT for WORK deterministic-time units per instance "
                          "(cpsat.py; 0: off; needs the cpsat extra); its proofs count as optimal")
-    st.add_argument("--cpsat-formulation", choices=FORMULATIONS, default="cumulative",
+    st.add_argument("--cpsat-formulation", choices=FORMULATIONS, default=DEFAULT_FORMULATION,
                     help="memory (3) in CP-SAT: one cumulative constraint over the growing footprints, rows in "
                          "each request's completion round (where memory peaks), or both (cpsat.py; bench/"
                          "cpsat_formulations.py compares them)")
@@ -107,12 +107,12 @@ def main(argv=None) -> int:
     tag = (f"_cut{args.cut}" if args.cut else "") + ("_lp" if args.lp else "") + \
         (f"_exact{args.exact_max_n}" if args.exact_max_n and args.time_limit > 0 else "") + \
         (f"_cpsat{args.cpsat:g}" if args.cpsat else "") + \
-        (f"_{args.cpsat_formulation}" if args.cpsat and args.cpsat_formulation != "cumulative" else "")
+        (f"_{args.cpsat_formulation}" if args.cpsat and args.cpsat_formulation != DEFAULT_FORMULATION else "")
     out = args.out or Path(f"outputs/optimum/model{args.model}{tag}.parquet")
     try:
         df = study(args.model, args.trials, args.time_limit, args.seed, args.lns, args.lns_window, args.solver,
-                   args.cut, args.lp, args.exact_max_n, args.lns_span, args.cpsat, out=out, resume=args.resume, cpsat_formulation=args.cpsat_formulation,
-                   only=args.only, jobs=args.jobs)
+                   args.cut, args.lp, args.exact_max_n, args.lns_span, args.cpsat, out=out, resume=args.resume,
+                   only=args.only, jobs=args.jobs, cpsat_formulation=args.cpsat_formulation)
     except StudyStopped:  # the workers are terminated already; every finished trial is in the file
         done = len(pd.read_parquet(out)) if Path(out).exists() else 0
         kept = f"its {done} finished trial{'s are' if done > 1 else ' is'} in {out}" if done else "no trial had finished"

@@ -38,7 +38,7 @@ from kvstudy.errors import ConfigError
 SETTINGS = {"seed": "seed", "time_limit": "time_limit", "lns_passes": "lns_passes", "lns_window": "lns_window",
             "lns_span": "lns_span", "solver": "solver", "cut": "cut", "lp": "lp", "exact_max_n": "exact_max_n",
             "cpsat": "cpsat_work", "cpsat_formulation": "cpsat_formulation"}
-# Files written before a setting existed ran what is now its default; --resume reads them so.
+# What files written before a setting existed ran (the only choice then); --resume reads them so.
 _BEFORE = {"cpsat_formulation": "cumulative"}
 
 

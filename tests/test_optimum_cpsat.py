@@ -158,3 +158,43 @@ def test_study_without_ortools_stops_before_the_first_trial(monkeypatch):
 def test_study_refuses_a_bad_cpsat_budget_before_the_first_trial(work):
     with pytest.raises(ConfigError, match="study --cpsat work"):
         study(2, trials=2, time_limit=0, cut=6, cpsat=work)
+
+
+def _crash_first(monkeypatch, crashes: int, code: int = -11):
+    """Make the first ``crashes`` CP-SAT children end with ``code`` (-11: killed by SIGSEGV) before running."""
+    real = cpsat.subprocess.run
+    calls = []
+
+    def run(*args, **kwargs):
+        calls.append(1)
+        if len(calls) <= crashes:
+            return cpsat.subprocess.CompletedProcess(args[0], code, "", "Segmentation fault")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cpsat.subprocess, "run", run)
+    return calls
+
+
+@needs_ortools
+def test_cpsat_runs_a_crashed_child_once_more_and_gets_the_same_result(monkeypatch):
+    inst = draw(2, 3, 7)
+    start = starts(inst, MCSF())
+    clean = cpsat.improve(inst, start, 2.0)
+    calls = _crash_first(monkeypatch, 1)
+    again = cpsat.improve(inst, start, 2.0)
+    assert len(calls) == 2
+    assert (again.objective, again.status, again.bound) == (clean.objective, clean.status, clean.bound)
+    assert (again.start == clean.start).all()
+
+
+@needs_ortools
+@pytest.mark.parametrize("crashes, code, calls_made, message", [
+    (2, -11, 2, r"exit -11\) on each of 2 tries: Segmentation fault"),
+    (1, -9, 1, r"exit -9\): Segmentation fault"),  # killed (out of memory): not retried
+])
+def test_cpsat_reports_a_child_that_keeps_crashing_or_was_killed(monkeypatch, crashes, code, calls_made, message):
+    inst = draw(2, 3, 7)
+    calls = _crash_first(monkeypatch, crashes, code)
+    with pytest.raises(ConfigError, match=message):
+        cpsat.improve(inst, starts(inst, MCSF()), 2.0)
+    assert len(calls) == calls_made

@@ -51,6 +51,12 @@ from kvstudy.optimum.ip import twins
 SUBSOLVERS = 4  # interleaved subsolvers; with 2 cores the interleaved run uses both
 FORMULATIONS = ("cumulative", "completion", "both")
 DEFAULT_FORMULATION = "cumulative"  # what the stored studies ran; see the module text
+# A child that crashed (segmentation fault, bus error) is run once more: the search is deterministic, so a
+# finished second run gives exactly the result the first would have. Seen once in a 200-trial study, while a test
+# run shared the machine (trial 190 of model2_n30_cpsat20_rerun.parquet); alone the same trial ran cleanly twice.
+# A child killed (SIGKILL, e.g. by the out-of-memory killer) is not retried: a second run would meet the same wall.
+CRASH_SIGNALS = (signal.SIGSEGV, signal.SIGBUS)
+CRASH_RETRIES = 1
 
 
 @dataclass
@@ -98,14 +104,18 @@ def improve(inst: Instance, start, work: float, seed: int = 0, wall_limit: float
                "work": float(work), "seed": int(seed), "parent": os.getpid(), "formulation": formulation}
     began = time.perf_counter()
     limit = wall_limit if wall_limit is not None else 60.0 + 20.0 * work
-    try:
-        done = subprocess.run([sys.executable, "-m", "kvstudy.optimum.cpsat"], input=json.dumps(payload),
-                              capture_output=True, text=True, timeout=limit)
-    except subprocess.TimeoutExpired:
-        raise ConfigError(f"cpsat: the CP-SAT child ran past its wall limit of {limit:.0f} s (work {work})") from None
+    for attempt in range(1 + CRASH_RETRIES):
+        try:
+            done = subprocess.run([sys.executable, "-m", "kvstudy.optimum.cpsat"], input=json.dumps(payload),
+                                  capture_output=True, text=True, timeout=limit)
+        except subprocess.TimeoutExpired:
+            raise ConfigError(f"cpsat: the CP-SAT child ran past its wall limit of {limit:.0f} s (work {work})") from None
+        if -done.returncode not in CRASH_SIGNALS:
+            break
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["no message"])[-1]
-        raise ConfigError(f"cpsat: the CP-SAT child failed (exit {done.returncode}): {last}")
+        tries = f" on each of {attempt + 1} tries" if attempt else ""
+        raise ConfigError(f"cpsat: the CP-SAT child failed (exit {done.returncode}){tries}: {last}")
     reply = json.loads(done.stdout)
     seconds = time.perf_counter() - began
     if reply["status"] not in ("optimal", "feasible", "unknown"):  # the hint is feasible: anything else is a bug

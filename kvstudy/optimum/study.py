@@ -32,6 +32,7 @@ import pandas as pd
 
 from kvstudy.atomic import write_atomic
 from kvstudy.errors import ConfigError
+from kvstudy.optimum.cpsat import DEFAULT_FORMULATION  # a name only: OR-Tools loads in CP-SAT's child process
 
 # The arguments that change a trial's result, stored in every row (argument -> column) so a resumed file is
 # never a mix. The CP-SAT budget is column "cpsat_work": column "cpsat" holds CP-SAT's schedule value.
@@ -46,7 +47,7 @@ def study(model: int, trials: int, time_limit: float, seed: int = 0, lns_passes:
           lns_window: int = 5, solver: str = "highs", cut: int = 0, lp: bool = False,
           exact_max_n: int = 0, lns_span: int = 0, cpsat: float = 0.0, out: Optional[Path] = None,
           resume: bool = False, only: Optional[Iterable[int]] = None, jobs: int = 1,
-          cpsat_formulation: str = "cumulative") -> pd.DataFrame:
+          cpsat_formulation: str = DEFAULT_FORMULATION) -> pd.DataFrame:
     """Run trials ``only`` (default 0..trials-1), ``jobs`` at a time in worker processes, and return one row
     per trial, sorted by trial. Rows do not depend on ``jobs`` except through wall-clock limits: LNS, CP-SAT
     (deterministic work budget) and the bounds give the same rows for any ``jobs``; the exact method's
@@ -150,7 +151,7 @@ def instance(model: int, trial: int, seed: int = 0, cut: int = 0):
 
 def run_trial(model: int, trial: int, seed: int, time_limit: float, lns_passes: int, lns_window: int,
               lns_span: int, solver: str, cut: int, lp: bool, exact_max_n: int, cpsat: float,
-              cpsat_formulation: str = "cumulative") -> dict:
+              cpsat_formulation: str = DEFAULT_FORMULATION) -> dict:
     from kvstudy.optimum.bounds import block_bound, volume_bound
     from kvstudy.optimum.branch import solve_instance
     from kvstudy.optimum.checker import check

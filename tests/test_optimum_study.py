@@ -130,10 +130,83 @@ def test_unknown_cpsat_formulation_is_refused_before_any_trial():
 def test_resume_reads_a_file_from_before_the_formulation_setting_as_cumulative(tmp_path):
     out = tmp_path / "m2.parquet"
     study(2, trials=1, out=out, **FAST)
-    older = pd.read_parquet(out).drop(columns=["cpsat_formulation"])  # as written before the setting existed
+    # as written before the settings existed: cumulative CP-SAT, no warm start
+    older = pd.read_parquet(out).drop(columns=["cpsat_formulation", "warm_start"])
     older.to_parquet(out)
     assert study(2, trials=2, out=out, resume=True, **FAST)["trial"].tolist() == [0, 1]
     older.to_parquet(out)
     with pytest.raises(ConfigError, match=r"made with cpsat_formulation=\['cumulative'\], this run has "
                                           r"cpsat_formulation='completion'"):
         study(2, trials=2, out=out, resume=True, cpsat_formulation="completion", **FAST)
+
+
+WARM = dict(time_limit=0, cut=8)  # MC-SF + bounds on 8-request cuts; LNS beats MC-SF on trials 2 and 3
+
+
+def test_warm_start_takes_a_stored_schedule_where_it_beats_the_study_s_own(tmp_path):
+    better = tmp_path / "lns.parquet"
+    stored = study(2, trials=4, lns_passes=2, out=better, **WARM)
+    assert (stored["incumbent"] < stored["mcsf"]).sum() == 2  # else this test would prove nothing
+    df = study(2, trials=4, warm_start=better, **WARM)
+    assert df["warm"].tolist() == stored["incumbent"].tolist()
+    assert df["incumbent"].tolist() == stored["incumbent"].tolist()
+    assert (df["warm_start"] == str(better)).all()
+    for trial, start, value in zip(df["trial"], df["start"], df["incumbent"]):
+        assert check(instance(2, trial, cut=8), start) == value
+    with pytest.raises(ConfigError, match=r"made with warm_start=\[''\], this run has warm_start="):
+        study(2, trials=4, out=better, resume=True, lns_passes=2, warm_start=better, **WARM)
+
+
+def test_warm_start_leaves_trials_the_file_lacks_to_the_study(tmp_path):
+    some = tmp_path / "some.parquet"
+    study(2, trials=0, only=[2], lns_passes=2, out=some, **WARM)
+    df = study(2, trials=4, warm_start=some, **WARM)
+    assert df["warm"].isna().tolist() == [True, True, False, True]
+    assert (df.loc[df["trial"] != 2, "incumbent"] == df.loc[df["trial"] != 2, "mcsf"]).all()
+
+
+def _file(tmp_path, edit):
+    path = tmp_path / "warm.parquet"
+    df = study(2, trials=2, lns_passes=2, **WARM)
+    edit(df)
+    df.to_parquet(path)
+    return path
+
+
+def _early(df):
+    df.at[0, "start"] = [-1, *df.at[0, "start"][1:]]
+
+
+@pytest.mark.parametrize("edit, match", [
+    (_early, r"the schedule of trial 0 does not fit its draw: request 0 starts at -1 before its arrival 0"),
+    (lambda df: df.__setitem__("start", [s[:-1] for s in df["start"]]),
+     r"the schedule of trial 0 does not fit its draw: expected 8 start rounds, got shape \(7,\)"),
+    (lambda df: df.__setitem__("seed", 1), r"made with seed=\[1\], this study has seed=0"),
+    (lambda df: df.__setitem__("cut", 0), r"made with cut=\[0\], this study has cut=8"),
+    (lambda df: df.__delitem__("start"), r"no column\(s\) \['start'\]"),
+])
+def test_warm_start_refuses_a_file_it_cannot_trust_before_the_first_trial(tmp_path, edit, match):
+    path = _file(tmp_path, edit)
+    with pytest.raises(ConfigError, match=r"study --warm-start .*warm.parquet: " + match):
+        study(2, trials=2, warm_start=path, **WARM)
+
+
+def test_warm_start_refuses_a_missing_or_unreadable_file(tmp_path):
+    with pytest.raises(ConfigError, match=r"nothing.parquet: no such file"):
+        study(2, trials=1, warm_start=tmp_path / "nothing.parquet", **WARM)
+    (tmp_path / "junk.parquet").write_text("not parquet")
+    with pytest.raises(ConfigError, match=r"junk.parquet: cannot read it as parquet"):
+        study(2, trials=1, warm_start=tmp_path / "junk.parquet", **WARM)
+
+
+def test_cli_warm_start(tmp_path, capsys):
+    from kvstudy.optimum.__main__ import main
+
+    better, out = tmp_path / "lns.parquet", tmp_path / "warm.parquet"
+    args = ["study", "--model", "2", "--cut", "8", "--time-limit", "0", "--only", "2"]
+    assert main([*args, "--lns", "2", "--out", str(better)]) == 0
+    assert main([*args, "--warm-start", str(better), "--out", str(out)]) == 0
+    row = pd.read_parquet(out).iloc[0]
+    assert row["warm"] == row["incumbent"] == pd.read_parquet(better).iloc[0]["incumbent"] < row["mcsf"]
+    assert main([*args, "--warm-start", str(tmp_path / "none.parquet")]) == 2
+    assert "none.parquet: no such file" in capsys.readouterr().err

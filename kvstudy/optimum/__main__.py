@@ -65,6 +65,9 @@ def main(argv=None) -> int:
     st.add_argument("--jobs", type=int, default=1, metavar="N",
                     help="run N trials at a time in worker processes (rows identical to --jobs 1 unless the exact "
                          "method's wall-clock --time-limit stops it)")
+    st.add_argument("--warm-start", type=Path, default=None, metavar="FILE",
+                    help="start CP-SAT and the exact method from the schedule the study file FILE stores for each "
+                         "trial (same model, seed and cut; re-checked first) where it beats LNS's")
     st.add_argument("--resume", action="store_true",
                     help="keep the trials already in --out (made with the same settings) and run only the others")
     adv = sub.add_parser("adversary")
@@ -107,12 +110,14 @@ def main(argv=None) -> int:
     tag = (f"_cut{args.cut}" if args.cut else "") + ("_lp" if args.lp else "") + \
         (f"_exact{args.exact_max_n}" if args.exact_max_n and args.time_limit > 0 else "") + \
         (f"_cpsat{args.cpsat:g}" if args.cpsat else "") + \
-        (f"_{args.cpsat_formulation}" if args.cpsat and args.cpsat_formulation != DEFAULT_FORMULATION else "")
+        (f"_{args.cpsat_formulation}" if args.cpsat and args.cpsat_formulation != DEFAULT_FORMULATION else "") + \
+        ("_warm" if args.warm_start else "")
     out = args.out or Path(f"outputs/optimum/model{args.model}{tag}.parquet")
     try:
         df = study(args.model, args.trials, args.time_limit, args.seed, args.lns, args.lns_window, args.solver,
                    args.cut, args.lp, args.exact_max_n, args.lns_span, args.cpsat, out=out, resume=args.resume,
-                   only=args.only, jobs=args.jobs, cpsat_formulation=args.cpsat_formulation)
+                   only=args.only, jobs=args.jobs, cpsat_formulation=args.cpsat_formulation,
+                   warm_start=args.warm_start)
     except StudyStopped:  # the workers are terminated already; every finished trial is in the file
         done = len(pd.read_parquet(out)) if Path(out).exists() else 0
         kept = f"its {done} finished trial{'s are' if done > 1 else ' is'} in {out}" if done else "no trial had finished"

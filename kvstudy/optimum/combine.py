@@ -63,7 +63,7 @@ def best_known(sources: Sources, verify: bool = True, seed: int = 0) -> pd.DataF
         if verify:
             _verify(int(model), int(trial), g, seed)
         best = g[g["incumbent"] == g["incumbent"].min()]
-        stored = best["start"].map(_has_schedule)
+        stored = best["start"].map(has_schedule)
         inc = best[stored].iloc[0] if stored.any() else best.iloc[0]  # a re-checked schedule over a bare number
         bnd = g.loc[g["bound"].idxmax()]
         incumbent, bound = int(inc["incumbent"]), float(bnd["bound"])
@@ -76,14 +76,14 @@ def best_known(sources: Sources, verify: bool = True, seed: int = 0) -> pd.DataF
         mcsf = int(g["mcsf"].iloc[0])
         out.append({"model": int(model), "trial": int(trial), "n": int(g["n"].iloc[0]), "M": int(g["M"].iloc[0]),
                     "mcsf": mcsf, "incumbent": incumbent, "incumbent_from": inc["source"],
-                    "incumbent_checked": bool(verify and _has_schedule(inc["start"])), "bound": bound,
+                    "incumbent_checked": bool(verify and has_schedule(inc["start"])), "bound": bound,
                     "bound_from": bnd["source"], "proven_optimal": proven, "ratio_low": mcsf / incumbent,
                     "ratio_high": mcsf / bound if bound > 0 else np.inf, "files": len(g),
                     "seconds": float(g["spent"].sum())})
     return pd.DataFrame(out)
 
 
-def _has_schedule(start) -> bool:
+def has_schedule(start) -> bool:
     """Whether a row stores its schedule (files written before the ``start`` column hold None or NaN)."""
     return start is not None and not (isinstance(start, float) and np.isnan(start))
 
@@ -120,7 +120,7 @@ def _verify(model: int, trial: int, g: pd.DataFrame, seed: int) -> None:
         raise ConfigError(f"combine: model {model} trial {trial} in {row['source']}: MC-SF {row['mcsf']}, "
                           f"recomputed {mcsf}")
     for r in g.itertuples():
-        if _has_schedule(r.start):
+        if has_schedule(r.start):
             try:
                 value = check(inst, np.asarray(r.start, dtype=np.int64))
             except Exception as exc:  # InfeasibleSchedule, wrong length: name the file, not the checker's line
@@ -131,4 +131,4 @@ def _verify(model: int, trial: int, g: pd.DataFrame, seed: int) -> None:
                                   f"latency {value}, the file says {r.incumbent}")
 
 
-__all__ = ["best_known"]
+__all__ = ["best_known", "has_schedule"]

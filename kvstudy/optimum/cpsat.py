@@ -109,7 +109,8 @@ def improve(inst: Instance, start, work: float, seed: int = 0, wall_limit: float
             done = subprocess.run([sys.executable, "-m", "kvstudy.optimum.cpsat"], input=json.dumps(payload),
                                   capture_output=True, text=True, timeout=limit)
         except subprocess.TimeoutExpired:
-            raise ConfigError(f"cpsat: the CP-SAT child ran past its wall limit of {limit:.0f} s (work {work})") from None
+            raise ConfigError(f"cpsat: the CP-SAT child ran past its wall limit of {limit:.0f} s "
+                              f"(work {work})") from None
         if -done.returncode not in CRASH_SIGNALS:
             break
     if done.returncode != 0:

@@ -38,24 +38,26 @@ from kvstudy.optimum.cpsat import DEFAULT_FORMULATION  # a name only: OR-Tools l
 # never a mix. The CP-SAT budget is column "cpsat_work": column "cpsat" holds CP-SAT's schedule value.
 SETTINGS = {"seed": "seed", "time_limit": "time_limit", "lns_passes": "lns_passes", "lns_window": "lns_window",
             "lns_span": "lns_span", "solver": "solver", "cut": "cut", "lp": "lp", "exact_max_n": "exact_max_n",
-            "cpsat": "cpsat_work", "cpsat_formulation": "cpsat_formulation"}
+            "cpsat": "cpsat_work", "cpsat_formulation": "cpsat_formulation", "warm_start": "warm_start"}
 # What files written before a setting existed ran (the only choice then); --resume reads them so.
-_BEFORE = {"cpsat_formulation": "cumulative"}
+_BEFORE = {"cpsat_formulation": "cumulative", "warm_start": ""}
 
 
 def study(model: int, trials: int, time_limit: float, seed: int = 0, lns_passes: int = 0,
           lns_window: int = 5, solver: str = "highs", cut: int = 0, lp: bool = False,
           exact_max_n: int = 0, lns_span: int = 0, cpsat: float = 0.0, out: Optional[Path] = None,
           resume: bool = False, only: Optional[Iterable[int]] = None, jobs: int = 1,
-          cpsat_formulation: str = DEFAULT_FORMULATION) -> pd.DataFrame:
+          cpsat_formulation: str = DEFAULT_FORMULATION, warm_start: Optional[Path] = None) -> pd.DataFrame:
     """Run trials ``only`` (default 0..trials-1), ``jobs`` at a time in worker processes, and return one row
     per trial, sorted by trial. Rows do not depend on ``jobs`` except through wall-clock limits: LNS, CP-SAT
     (deterministic work budget) and the bounds give the same rows for any ``jobs``; the exact method's
-    ``time_limit`` is in wall seconds, so where it stops can change when trials share the cores."""
+    ``time_limit`` is in wall seconds, so where it stops can change when trials share the cores.
+    ``warm_start``: a study file whose stored schedules (``warm_starts``) CP-SAT and the exact method start
+    from where they beat LNS's (e.g. a long run on chosen draws from the best schedule any study found)."""
     settings = {"seed": int(seed), "time_limit": float(time_limit), "lns_passes": int(lns_passes),
                 "lns_window": int(lns_window), "lns_span": int(lns_span), "solver": str(solver), "cut": int(cut),
                 "lp": bool(lp), "exact_max_n": int(exact_max_n), "cpsat": float(cpsat),
-                "cpsat_formulation": str(cpsat_formulation)}
+                "cpsat_formulation": str(cpsat_formulation), "warm_start": str(warm_start or "")}
     wanted = _trial_list(trials, only)
     if solver not in ("highs", "gurobi", "branch"):
         raise ConfigError(f"study: solver={solver!r}; allowed 'highs', 'gurobi' or 'branch'")
@@ -67,6 +69,8 @@ def study(model: int, trials: int, time_limit: float, seed: int = 0, lns_passes:
         raise ConfigError(f"study: cpsat_formulation={cpsat_formulation!r}; allowed {', '.join(FORMULATIONS)}")
     if cpsat:  # settings refused before the first trial: below, a ConfigError from CP-SAT costs one trial only
         require(cpsat, "study --cpsat")
+    if warm_start:  # every schedule re-checked now, so a bad file stops the study before its first trial
+        warm_starts(Path(warm_start), model, seed, cut, wanted)
     rows = _resumed(out, model, settings) if resume else []
     done = {int(r["trial"]) for r in rows}
     todo = [t for t in wanted if t not in done]
@@ -151,7 +155,7 @@ def instance(model: int, trial: int, seed: int = 0, cut: int = 0):
 
 def run_trial(model: int, trial: int, seed: int, time_limit: float, lns_passes: int, lns_window: int,
               lns_span: int, solver: str, cut: int, lp: bool, exact_max_n: int, cpsat: float,
-              cpsat_formulation: str = DEFAULT_FORMULATION) -> dict:
+              cpsat_formulation: str = DEFAULT_FORMULATION, warm_start: str = "") -> dict:
     from kvstudy.optimum.bounds import block_bound, volume_bound
     from kvstudy.optimum.branch import solve_instance
     from kvstudy.optimum.checker import check
@@ -170,6 +174,11 @@ def run_trial(model: int, trial: int, seed: int, time_limit: float, lns_passes: 
         lns = improve(inst, mcsf_start, window=lns_window, max_passes=lns_passes, span=lns_span)
         row.update(lns=lns.objective, lns_moves=lns.moves, lns_seconds=lns.seconds)
         best, best_start = lns.objective, lns.start
+    if warm_start:  # a stored schedule (re-checked) replaces LNS's when it is better; column "warm" is its value
+        stored = warm_starts(Path(warm_start), model, seed, cut, [trial]).get(trial)
+        row["warm"] = check(inst, stored) if stored is not None else np.nan
+        if stored is not None and row["warm"] < best:
+            best, best_start = int(row["warm"]), stored
     cp_proven = False
     small = exact_max_n <= 0 or inst.n <= exact_max_n
     if cpsat and small:  # CP-SAT from the best schedule so far (cpsat.py); a proof there skips the exact method
@@ -216,6 +225,47 @@ def run_trial(model: int, trial: int, seed: int, time_limit: float, lns_passes: 
     return row
 
 
+def warm_starts(path: Path, model: int, seed: int, cut: int, trials: Iterable[int]) -> dict:
+    """Trial -> start rounds, from the study file ``path`` (any study's ``--out``), for those of ``trials`` it
+    holds a schedule for (files written before studies stored ``start`` hold none). The file must be of the same
+    model, seed and cut (columns ``seed`` and ``cut`` where it has them), and every schedule is re-checked
+    against the regenerated draw (``checker.check``): anything else is refused with the file, trial and field
+    named, never used."""
+    path = Path(path)
+    where = f"study --warm-start {path}"
+    if not path.is_file():
+        raise ConfigError(f"{where}: no such file (allowed: a parquet file written by a study's --out)")
+    try:
+        df = pd.read_parquet(path)
+    except Exception as exc:
+        raise ConfigError(f"{where}: cannot read it as parquet ({type(exc).__name__}: {exc})") from None
+    missing = [c for c in ("model", "trial", "start") if c not in df.columns]
+    if missing:
+        raise ConfigError(f"{where}: no column(s) {missing}; allowed: a study file that stores schedules "
+                          f"(column 'start', written since studies store them)")
+    for field, value in (("model", model), ("seed", seed), ("cut", cut)):
+        if field in df.columns and df[field].unique().tolist() != [value]:
+            raise ConfigError(f"{where}: made with {field}={df[field].unique().tolist()}, this study has "
+                              f"{field}={value}; allowed only a file of the same model, seed and cut")
+    from kvstudy.optimum.checker import InfeasibleSchedule, check
+    from kvstudy.optimum.combine import has_schedule  # here: combine imports this module
+
+    found = {}
+    for trial in trials:
+        rows = df[df["trial"] == trial]
+        if len(rows) > 1:
+            raise ConfigError(f"{where}: {len(rows)} rows for trial {trial}; allowed one per trial")
+        if rows.empty or not has_schedule(rows.iloc[0]["start"]):
+            continue
+        start = np.asarray(rows.iloc[0]["start"], dtype=np.int64)
+        try:
+            check(instance(model, trial, seed, cut), start)
+        except InfeasibleSchedule as exc:
+            raise ConfigError(f"{where}: the schedule of trial {trial} does not fit its draw: {exc}") from None
+        found[trial] = start
+    return found
+
+
 def _trial_list(trials: int, only: Optional[Iterable[int]]) -> list:
     if only is None:
         if trials < 1:
@@ -254,4 +304,4 @@ def _resumed(out: Optional[Path], model: int, settings: dict) -> list:
     return old.to_dict("records")
 
 
-__all__ = ["SETTINGS", "StudyStopped", "instance", "run_trial", "seconds_spent", "study"]
+__all__ = ["SETTINGS", "StudyStopped", "instance", "run_trial", "seconds_spent", "study", "warm_starts"]

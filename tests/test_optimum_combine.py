@@ -82,3 +82,14 @@ def test_files_on_disk(runs, tmp_path):
     pd.DataFrame({"x": [1]}).to_parquet(tmp_path / "x.parquet")
     with pytest.raises(ConfigError, match=r"x.parquet has no column\(s\) \['model'"):
         best_known([tmp_path / "x.parquet"])
+
+
+def test_a_copied_file_counts_once(runs):
+    plain, searched = runs
+    once = best_known({"plain": plain, "searched": searched})
+    twice = best_known({"plain": plain, "copy": plain.copy(), "searched": searched})
+    pd.testing.assert_frame_equal(once, twice)  # same files count and seconds: the copy is left out
+    assert once.set_index("trial").loc[1, "files"] == 2
+    changed = plain.copy()
+    changed["lns_seconds"] = 1.0  # no longer a copy: counted
+    assert best_known({"plain": plain, "changed": changed})["files"].tolist() == [2, 2]

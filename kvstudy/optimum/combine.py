@@ -33,8 +33,10 @@ def best_known(sources: Sources, verify: bool = True, seed: int = 0) -> pd.DataF
     (among files tied on it, one that stores the schedule), incumbent_checked (that schedule is stored and passed
     the checker here; False when only a file without ``start`` holds the value, or ``verify`` is off), bound
     and its file, proven_optimal, ratio_low = mcsf / incumbent, ratio_high = mcsf / bound, files (how many
-    sources hold the trial) and seconds (every method's seconds summed over all sources)."""
-    frames = _load(sources)
+    sources hold the trial) and seconds (every method's seconds summed over all sources). A source that is an
+    exact copy of an earlier one (a study file saved under a second name) is left out: it adds no schedule or
+    bound, and would count its seconds and its file twice."""
+    frames = _distinct(_load(sources))
     rows = []
     for label, df in frames.items():
         if df.empty:
@@ -86,6 +88,15 @@ def best_known(sources: Sources, verify: bool = True, seed: int = 0) -> pd.DataF
 def has_schedule(start) -> bool:
     """Whether a row stores its schedule (files written before the ``start`` column hold None or NaN)."""
     return start is not None and not (isinstance(start, float) and np.isnan(start))
+
+
+def _distinct(frames: dict) -> dict:
+    """``frames`` without those equal (same columns, rows and values, schedules included) to an earlier one."""
+    kept = {}
+    for label, df in frames.items():
+        if not any(df.equals(other) for other in kept.values()):
+            kept[label] = df
+    return kept
 
 
 def _load(sources: Sources) -> dict:

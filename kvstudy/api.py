@@ -23,6 +23,8 @@ from kvstudy.atomic import write_text_atomic
 from kvstudy.capacity import resolve_capacity
 from kvstudy.engine import Engine, EngineResult
 from kvstudy.errors import ConfigError
+from kvstudy.memory import PaperMemory
+from kvstudy.step_engine import StepEngine
 from kvstudy.latency.tables import HardwareSpec
 from kvstudy.outputs import is_complete, summarize, write_run
 from kvstudy.paths import CONF_DIR
@@ -111,6 +113,32 @@ def model_setup(cfg: DictConfig, latency: bool = True):
     return arch, hw, capacity, (build_latency(cfg, arch, hw, capacity) if latency else None)
 
 
+def build_memory(cfg: DictConfig, capacity: int):
+    """The ``memory`` group's model (``paper`` or ``paged``) with the resolved capacity in tokens."""
+    return _instantiate(cfg.memory, capacity_tokens=capacity)
+
+
+def build_engine(cfg: DictConfig, requests: Requests, predicted: np.ndarray, policy, latency, arch: ModelArch,
+                 hw: HardwareSpec, capacity: int):
+    """The loop the memory model needs: ``paper`` runs :class:`Engine` (constraint (3), admission-only
+    policies), ``paged`` runs :class:`StepEngine` (blocks, preemption, chunked prefill)."""
+    memory = build_memory(cfg, capacity)
+    common = dict(stall_limit=int(cfg.engine.stall_limit), max_iterations=int(cfg.engine.max_iterations),
+                  progress=bool(cfg.engine.progress))
+    preemptive = bool(getattr(policy, "preemptive", False))
+    if isinstance(memory, PaperMemory):
+        if preemptive:
+            raise ConfigError(f"policy '{cfg.policy.name}' preempts and needs memory=paged (memory=paper is the MC-SF "
+                              f"paper's admission-only model)")
+        return Engine(requests, predicted, policy, latency, capacity,
+                      overflow_cost=str(cfg.engine.get("overflow_cost", "batch")), **common)
+    if not preemptive:
+        raise ConfigError(f"policy '{cfg.policy.name}' is admission-only and runs on memory=paper; memory="
+                          f"{cfg.memory.name} needs a preemptive policy (vllm, sarathi)")
+    swap = _instantiate(cfg.swap)
+    return StepEngine(requests, predicted, policy, latency, memory, swap, arch, hw, **common)
+
+
 def simulate(cfg: DictConfig) -> Tuple[EngineResult, dict]:
     """Run one configuration in memory; returns the engine result and its summary."""
     started = time.perf_counter()
@@ -125,12 +153,10 @@ def simulate(cfg: DictConfig) -> Tuple[EngineResult, dict]:
                           f"longer than model '{arch.name}' context max_model_len={arch.max_model_len}")
     latency = build_latency(cfg, arch, hw, capacity)
     policy.reset(seed)
-    engine = Engine(requests, predicted, policy, latency, capacity, stall_limit=int(cfg.engine.stall_limit),
-                    max_iterations=int(cfg.engine.max_iterations), progress=bool(cfg.engine.progress),
-                    overflow_cost=str(cfg.engine.get("overflow_cost", "batch")))
+    engine = build_engine(cfg, requests, predicted, policy, latency, arch, hw, capacity)
     sim_started = time.perf_counter()
     result = engine.run()
-    result.extra = {"policy": cfg.policy.name, "model": arch.name, "hardware": hw.name, "seed": seed,
+    result.extra = {**result.extra, "policy": cfg.policy.name, "model": arch.name, "hardware": hw.name, "seed": seed,
                     "latency": latency.describe(), "simulate_seconds": round(time.perf_counter() - sim_started, 3),
                     "wall_seconds": round(time.perf_counter() - started, 3)}
     return result, summarize(result)

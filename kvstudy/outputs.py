@@ -50,8 +50,23 @@ def summarize(result: EngineResult) -> dict:
                      "prompt_median": float(req["prompt_tokens"].median()),
                      "output_mean": float(req["output_tokens"].mean()),
                      "output_median": float(req["output_tokens"].median())},
+        **_preemption_summary(req, it),
         **result.extra,
     }
+
+
+def _preemption_summary(req: pd.DataFrame, it: pd.DataFrame) -> dict:
+    """Totals of the preemptive engine's records (memory=paged); nothing for the paper's engine."""
+    if "preemptions_swap" not in req:
+        return {}
+    return {"preemptions_recompute": int(req["preemptions_recompute"].sum()),
+            "preemptions_swap": int(req["preemptions_swap"].sum()),
+            "swap_fallbacks": int(req["swap_fallbacks"].sum()),
+            "recomputed_tokens": int(req["recomputed_tokens"].sum()),
+            "swapped_bytes": int(req["swapped_bytes"].sum()),
+            "preempted_seconds_total": float(req["preempted_seconds"].sum()),
+            "swap_seconds_total": float(it["swap_seconds"].sum()) if len(it) else 0.0,
+            "peak_blocks_used": int(it["blocks_used"].max()) if len(it) else 0}
 
 
 def write_run(folder: Path, result: EngineResult, summary: dict) -> None:

@@ -1,0 +1,138 @@
+"""vLLM's paged KV cache (Kwon et al., SOSP 2023; vLLM V0 ``core/block_manager.py``), counted in blocks.
+
+* Capacity: ``num_blocks = capacity_tokens // block_size`` GPU blocks; a request whose context is c tokens
+  needs ``ceil(c / block_size)`` of them.
+* Admission watermark (``can_allocate``): ``watermark_blocks = int(watermark * num_blocks)``; a new prefill
+  needing b blocks is OK if ``free - b >= watermark_blocks``, LATER if not, NEVER if
+  ``num_blocks - b < watermark_blocks`` (vLLM rejects such a prompt).
+* Growth: a decoding request takes one more block when its context crosses a block boundary
+  (``can_append_slots``: one free block, no watermark).
+* Reservations: a policy may hold more blocks than a request's context needs (RLP, S3 and CacheOPT
+  allocate up front); the difference is reported as *reserved* blocks. Growth beyond what is held needs
+  a new allocation.
+* Host swap space: ``swap_space_gb`` GiB per GPU (vLLM's default 4), in blocks of one GPU's shard
+  (``block_size * kv_bytes_per_token / tensor_parallel`` bytes). When it is full a swap-out is not possible;
+  the engine then recomputes instead and counts it (``swap_fallbacks``).
+
+The engine owns one ``PagedMemory`` per run: it is the only code that changes these counters, after
+validating a policy's decision against them.
+"""
+from __future__ import annotations
+
+
+from kvstudy.errors import ConfigError
+
+OK, LATER, NEVER = "ok", "later", "never"
+
+
+class PagedMemory:
+    name = "paged"
+    modes = ("recompute", "swap")
+
+    def __init__(self, capacity_tokens: int, block_size: int = 16, watermark: float = 0.01,
+                 swap_space_gb: float = 4.0, name: str = "paged") -> None:
+        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0 \
+                or block_size & (block_size - 1):
+            raise ConfigError(f"memory.block_size={block_size!r}: must be a positive power of two (vLLM: 8, 16, 32)")
+        if not 0.0 <= float(watermark) < 1.0:
+            raise ConfigError(f"memory.watermark={watermark}: allowed 0 <= watermark < 1 (vLLM: 0.01)")
+        if float(swap_space_gb) < 0:
+            raise ConfigError(f"memory.swap_space_gb={swap_space_gb}: must be >= 0 GiB (vLLM's default is 4)")
+        if int(capacity_tokens) < block_size:
+            raise ConfigError(f"memory.capacity_tokens={capacity_tokens}: less than one block of "
+                              f"memory.block_size={block_size} tokens")
+        self.capacity_tokens = int(capacity_tokens)
+        self.block_size = int(block_size)
+        self.watermark = float(watermark)
+        self.swap_space_gb = float(swap_space_gb)
+        self.num_blocks = self.capacity_tokens // self.block_size
+        self.watermark_blocks = int(self.watermark * self.num_blocks)
+        self.host_blocks_total = 0
+        self.block_bytes_per_gpu = 0
+        self.gpu: dict = {}
+        self.host: dict = {}
+        self.used = 0
+        self.host_used = 0
+
+    # --- set-up -------------------------------------------------------------------------------------
+    def bind(self, kv_bytes_per_token_per_gpu: int) -> None:
+        """Start a run: size the host space for this model's shard and clear all counters."""
+        self.block_bytes_per_gpu = int(self.block_size * kv_bytes_per_token_per_gpu)
+        self.host_blocks_total = int(self.swap_space_gb * 2**30 // self.block_bytes_per_gpu) \
+            if self.block_bytes_per_gpu else 0
+        self.gpu, self.host = {}, {}
+        self.used = self.host_used = 0
+
+    # --- queries (used by policies to plan, by the engine to check) -------------------------------
+    def blocks(self, tokens: int) -> int:
+        return -(-int(tokens) // self.block_size)
+
+    @property
+    def free(self) -> int:
+        return self.num_blocks - self.used
+
+    def held(self, i: int) -> int:
+        return self.gpu.get(i, 0)
+
+    def can_allocate(self, need_blocks: int, free: int = None) -> str:
+        """vLLM's ``BlockSpaceManager.can_allocate`` for a prefill needing ``need_blocks``; ``free`` lets a
+        policy ask against its own running count of free blocks while it plans one step."""
+        free = self.free if free is None else free
+        if self.num_blocks - need_blocks < self.watermark_blocks:
+            return NEVER
+        return OK if free - need_blocks >= self.watermark_blocks else LATER
+
+    def can_swap_in(self, i: int, free: int = None) -> str:
+        """vLLM's ``can_swap_in``: the request's blocks plus one for its next token, above the watermark."""
+        free = self.free if free is None else free
+        need = self.host.get(i, 0) + 1
+        if self.num_blocks < need:
+            return NEVER
+        return OK if free - need >= self.watermark_blocks else LATER
+
+    def host_has_room(self, blocks: int) -> bool:
+        return self.host_used + blocks <= self.host_blocks_total
+
+    @property
+    def max_request_tokens(self) -> int:
+        """The longest context that can ever be held (all blocks)."""
+        return self.num_blocks * self.block_size
+
+    # --- changes (engine only) ----------------------------------------------------------------------
+    def hold(self, i: int, blocks: int) -> int:
+        """Make request i hold ``blocks`` GPU blocks (never fewer than now); returns blocks added."""
+        have = self.gpu.get(i, 0)
+        add = blocks - have
+        if add > 0:
+            self.gpu[i] = blocks
+            self.used += add
+            return add
+        return 0
+
+    def release(self, i: int) -> int:
+        blocks = self.gpu.pop(i, 0)
+        self.used -= blocks
+        return blocks
+
+    def swap_out(self, i: int) -> int:
+        blocks = self.release(i)
+        self.host[i] = blocks
+        self.host_used += blocks
+        return blocks
+
+    def swap_in(self, i: int) -> int:
+        blocks = self.host.pop(i)
+        self.host_used -= blocks
+        self.gpu[i] = blocks
+        self.used += blocks
+        return blocks
+
+    def describe(self) -> dict:
+        return {"name": self.name, "capacity_tokens": self.capacity_tokens, "block_size": self.block_size,
+                "num_blocks": self.num_blocks, "watermark_blocks": self.watermark_blocks,
+                "swap_space_gb": self.swap_space_gb, "host_blocks": self.host_blocks_total}
+
+    def __repr__(self) -> str:
+        return f"PagedMemory({self.num_blocks} blocks of {self.block_size}, watermark {self.watermark_blocks})"
+
+

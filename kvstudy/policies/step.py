@@ -1,0 +1,84 @@
+"""The interface of preemptive policies (``memory=paged``), in the spirit of vLLM's V0/V1 scheduler.
+
+Each iteration the :class:`kvstudy.step_engine.StepEngine` shows the policy a :class:`StepView` and the
+policy answers with a :class:`Decision` naming everything that happens in the iteration:
+
+* ``preempt``: running requests to stop, each with a mode: ``recompute`` (KV dropped; on resume the prompt
+  plus every token generated so far is prefilled again) or ``swap`` (KV copied to host and back before
+  it runs again);
+* ``swap_in``: swapped requests to bring back (they decode in this iteration if also named in ``decode``);
+* ``prefill``: ``(request, tokens)`` chunks: a waiting request starts (or restarts) its prefill, or a
+  running request continues a chunked one. Its first token comes with its last chunk;
+* ``decode``: running requests whose prefill is complete that produce one token each;
+* ``reserve``: optional ``{request: tokens}`` to hold for a request beyond its context (RLP, S3 and
+  CacheOPT allocate up front); without it a request holds the blocks its context needs.
+
+The engine, not the policy, owns time and the KV accounting: it validates every decision (states, ids
+named once, modes the memory model can do, GPU blocks and host space) and carries it out in the order
+preempt, swap in, prefill, decode. The view's containers are the engine's own (no copy per iteration):
+a policy reads them and never changes them. Token conventions follow vLLM: a request of output o
+produces its first token with its prefill and the other o - 1 in decode iterations.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Tuple
+
+import numpy as np
+
+RECOMPUTE, SWAP = "recompute", "swap"
+
+
+@dataclass
+class Decision:
+    preempt: List[Tuple[int, str]] = field(default_factory=list)
+    swap_in: List[int] = field(default_factory=list)
+    prefill: List[Tuple[int, int]] = field(default_factory=list)
+    decode: List[int] = field(default_factory=list)
+    reserve: Dict[int, int] = field(default_factory=dict)
+
+
+class StepView:
+    """What a preemptive policy sees at the start of one iteration (read-only by contract).
+
+    Requests are named by their index in the run (0..n-1). ``waiting`` holds new requests and recompute
+    victims (vLLM puts the victims at the front), ``running`` the requests holding GPU KV in admission
+    order, ``swapped`` the requests whose KV is on the host. Per request: ``prompt``, ``predicted``
+    (output length as the predictor says; the truth only under ``oracle``), ``arrival``, ``generated``
+    (tokens produced so far, kept across preemptions), ``prefilled`` (tokens of the current prefill done)
+    and ``prefill_target`` (prompt + generated when the current prefill started).
+    """
+
+    def __init__(self, engine, step: int, time: float) -> None:
+        self.step, self.time = step, time
+        self.memory = engine.memory
+        self.waiting, self.running, self.swapped = engine.waiting, engine.running, engine.swapped
+        self.prompt, self.predicted, self.arrival = engine.s_list, engine.pred_list, engine.a_list
+        self.generated, self.prefilled, self.prefill_target = engine.generated, engine.prefilled, engine.target
+        self.request_id = engine.id_list
+        self.max_model_len = engine.max_model_len
+
+    def in_prefill(self, i: int) -> bool:
+        return self.prefilled[i] < self.prefill_target[i]
+
+    def decode_blocks_needed(self, i: int) -> int:
+        """Blocks request i must add to decode now: its context becomes prompt + generated tokens."""
+        return max(0, self.memory.blocks(self.prompt[i] + self.generated[i]) - self.memory.held(i))
+
+    def prefill_blocks(self, i: int) -> int:
+        """Blocks a waiting request takes when its prefill starts (vLLM allocates the whole prompt)."""
+        return self.memory.blocks(self.prompt[i] + self.generated[i])
+
+
+class StepPolicy:
+    """Base class of preemptive policies: ``step(view) -> Decision``."""
+
+    name = "step"
+    preemptive = True
+
+    def reset(self, seed: int) -> None:
+        """Called once before a run; a policy keeps no other state between runs."""
+        self._rng = np.random.default_rng(seed)
+
+    def step(self, view: StepView) -> Decision:
+        raise NotImplementedError

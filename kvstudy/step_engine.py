@@ -1,0 +1,361 @@
+"""kvstudy's preemptive iteration loop (``memory=paged``): paged KV blocks, recompute and swap, chunked
+prefill. The engine owns time and KV accounting; the policy decides (``kvstudy/policies/step.py``).
+
+One iteration:
+
+1. Requests that have arrived by the clock join the waiting queue.
+2. The policy returns a :class:`~kvstudy.policies.step.Decision`; ``_apply`` validates all of it before
+   changing anything, then carries it out in the order preempt, swap in, prefill, decode, through the
+   memory model (:class:`~kvstudy.memory.paged.PagedMemory`): a recompute victim drops its KV and goes
+   to the front of the waiting queue (vLLM's ``extendleft``), a swap victim's blocks move to host space
+   (or, when that is full, it is recomputed instead and ``swap_fallbacks`` counts it).
+3. Its time is Vidur's prediction for that exact batch (each prefill chunk with the context before it,
+   each decode with its cached context; a recompute is a prefill of prompt + generated tokens) plus the
+   swap model's seconds for the blocks moved (or the longer of the two when ``swap.overlap``).
+4. Tokens are stamped with the iteration's end. A prefill's last chunk produces a request's next token;
+   a decode produces one. A request of output o is done after its o-th token (vLLM's convention: first
+   token from the prefill, o - 1 decodes), and its blocks are freed.
+
+Rejected up front, each with ``reject_reason``: a request whose prompt + output needs more blocks than
+the cache has (it would preempt itself forever), or whose prompt vLLM's ``can_allocate`` calls NEVER
+(fewer blocks than the watermark leaves). A run in which ``stall_limit`` iterations in a row produce no
+token ends ``no_progress``; a policy that runs nothing on an idle engine with nothing left to arrive
+ends ``stalled``.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import List
+
+import numpy as np
+import pandas as pd
+
+from kvstudy.engine import DONE, FUTURE, REJECTED, RUNNING, WAITING, EngineResult, PolicyError
+from kvstudy.memory.paged import NEVER, PagedMemory
+from kvstudy.policies.step import RECOMPUTE, SWAP, Decision, StepPolicy, StepView
+from kvstudy.swap_models import SwapModel
+from kvstudy.workloads.requests import Requests
+
+SWAPPED = 5
+STATE_NAMES = np.array(["future", "waiting", "running", "done", "rejected", "swapped"])
+ITERATION_COLUMNS = ("start", "duration", "batch_size", "prefill_tokens", "decode_tokens", "kv_tokens_in_use",
+                     "capacity", "overflow", "cleared", "blocks_used", "blocks_reserved", "blocks_free",
+                     "host_blocks", "swap_seconds", "chunk_tokens", "preempted_recompute", "preempted_swap",
+                     "swapped_in")
+
+
+class StepEngine:
+    def __init__(self, requests: Requests, predicted: np.ndarray, policy: StepPolicy, latency,
+                 memory: PagedMemory, swap: SwapModel, arch, hardware, stall_limit: int = 100,
+                 max_iterations: int = 50_000_000, progress: bool = False) -> None:
+        if not getattr(policy, "preemptive", False):
+            raise PolicyError(f"policy '{getattr(policy, 'name', policy)}' is admission-only; memory=paged needs a "
+                              f"preemptive policy (vllm, sarathi)")
+        self.r, self.policy, self.latency, self.memory, self.swap = requests, policy, latency, memory, swap
+        self.pred = np.asarray(predicted, dtype=np.int64)
+        self.arch, self.hw = arch, hardware
+        self.max_model_len = int(arch.max_model_len)
+        self.stall_limit, self.max_iterations, self.progress = stall_limit, max_iterations, progress
+
+    # --- the policy's decision --------------------------------------------------------------------------
+    def _check(self, d: Decision, name: str) -> None:
+        """Every id named once, in the state its list needs, in a mode the memory model can do; the blocks
+        the decision needs fit. Raises PolicyError naming the first problem; changes nothing."""
+        if not isinstance(d, Decision):
+            raise PolicyError(f"policy '{name}' returned {type(d).__name__}, not a Decision")
+        state, mem = self.state, self.memory
+        seen = set()
+
+        def once(i, what):
+            if not isinstance(i, (int, np.integer)) or not 0 <= i < len(state):
+                raise PolicyError(f"policy '{name}' names request {i!r} in {what}: not a request of this run")
+            if i in seen:
+                raise PolicyError(f"policy '{name}' names request {self.id_list[i]} twice in one decision")
+            seen.add(i)
+
+        for item in d.preempt:
+            if not (isinstance(item, tuple) and len(item) == 2):
+                raise PolicyError(f"policy '{name}': preempt entries are (request, mode), got {item!r}")
+            i, mode = item
+            once(i, "preempt")
+            if state[i] != RUNNING:
+                raise PolicyError(f"policy '{name}' preempts request {self.id_list[i]}, which is not running "
+                                  f"(state {STATE_NAMES[state[i]]})")
+            if mode not in mem.modes:
+                raise PolicyError(f"policy '{name}': preemption mode {mode!r} is not one memory="
+                                  f"{mem.name} can do (allowed: {', '.join(mem.modes)})")
+            if mode == SWAP and self.prefilled[i] < self.target[i]:
+                raise PolicyError(f"policy '{name}' swaps request {self.id_list[i]} in the middle of its prefill; "
+                                  f"only a decoding request can be swapped (recompute it)")
+        preempted = {i for i, _ in d.preempt}
+        for i in d.swap_in:
+            once(i, "swap_in")
+            if state[i] != SWAPPED:
+                raise PolicyError(f"policy '{name}' swaps in request {self.id_list[i]}, which is not swapped out "
+                                  f"(state {STATE_NAMES[state[i]]})")
+        for item in d.prefill:
+            if not (isinstance(item, tuple) and len(item) == 2):
+                raise PolicyError(f"policy '{name}': prefill entries are (request, tokens), got {item!r}")
+            i, chunk = item
+            once(i, "prefill")
+            remaining = self.target[i] - self.prefilled[i]
+            if state[i] == WAITING:
+                remaining = self.s_list[i] + self.generated[i]
+            elif state[i] != RUNNING or i in preempted or remaining == 0:
+                raise PolicyError(f"policy '{name}' prefills request {self.id_list[i]}, which is neither waiting nor "
+                                  f"running with its prefill unfinished (state {STATE_NAMES[state[i]]})")
+            if not isinstance(chunk, (int, np.integer)) or not 0 < chunk <= remaining:
+                raise PolicyError(f"policy '{name}' gives request {self.id_list[i]} a prefill chunk of {chunk!r} "
+                                  f"tokens; allowed 1..{remaining}")
+        swapping_in = set(d.swap_in)
+        for i in d.decode:
+            if i not in swapping_in:  # a request swapped back in may decode in the same iteration
+                once(i, "decode")
+            elif d.decode.count(i) > 1:
+                raise PolicyError(f"policy '{name}' names request {self.id_list[i]} twice in decode")
+            ok = (state[i] == RUNNING and i not in preempted) or i in swapping_in
+            if not ok or self.prefilled[i] < self.target[i]:
+                raise PolicyError(f"policy '{name}' decodes request {self.id_list[i]}, which is not running with its "
+                                  f"prefill complete (state {STATE_NAMES[state[i]]})")
+        for i, tokens in d.reserve.items():
+            if i not in seen or not isinstance(tokens, (int, np.integer)) or tokens < 0:
+                raise PolicyError(f"policy '{name}': reserve {{{i!r}: {tokens!r}}} must name a request of this "
+                                  f"decision with a token count >= 0")
+        # Blocks after the decision, counted before any change (the engine's own arithmetic).
+        freed = sum(mem.held(i) for i in preempted)
+        need = 0
+        for i in d.swap_in:
+            need += max(mem.host[i], mem.blocks(self.s_list[i] + self.generated[i]))
+        for i, _ in d.prefill:
+            if state[i] == WAITING:
+                need += mem.blocks(self.s_list[i] + self.generated[i])
+        for i in d.decode:
+            if i not in swapping_in:
+                need += max(0, mem.blocks(self.s_list[i] + self.generated[i]) - mem.held(i))
+        for i, tokens in d.reserve.items():
+            base = mem.held(i) if state[i] == RUNNING else 0
+            need += max(0, mem.blocks(tokens) - max(base, mem.blocks(self.s_list[i] + self.generated[i])))
+        if mem.used - freed + need > mem.num_blocks:
+            raise PolicyError(f"policy '{name}' needs {mem.used - freed + need} KV blocks after its decision, more "
+                              f"than the {mem.num_blocks} the cache has")
+
+    # --- the loop ------------------------------------------------------------------------------------------
+    def run(self) -> EngineResult:
+        r, n, mem = self.r, len(self.r), self.memory
+        name = getattr(self.policy, "name", type(self.policy).__name__)
+        s = self.s_list = r.prompt_tokens.tolist()
+        o = r.output_tokens.tolist()
+        a = self.a_list = r.arrival_time.tolist()
+        self.pred_list = self.pred.tolist()
+        self.id_list = r.request_id.tolist()
+        kv_per_gpu = self.arch.kv_bytes_per_token(self.hw.tensor_parallel) // max(1, self.hw.pipeline_parallel)
+        mem.bind(kv_per_gpu)
+        self.swap.bind(self.arch.num_layers, self.hw.pipeline_parallel, self.hw.pcie_gbps, mem.block_bytes_per_gpu)
+        block_bytes_all = mem.block_size * self.arch.kv_bytes_per_token(1)
+        state = self.state = np.full(n, FUTURE, dtype=np.int8)
+        self.generated = generated = [0] * n
+        self.prefilled = prefilled = [0] * n
+        self.target = target = [s[i] for i in range(n)]
+        self.waiting, self.running, self.swapped = waiting, running, swapped = deque(), [], deque()
+        reason = [""] * n
+        for i in range(n):
+            if mem.blocks(s[i] + o[i]) > mem.num_blocks:
+                state[i], reason[i] = REJECTED, (f"prompt + output = {s[i] + o[i]} tokens needs "
+                                                 f"{mem.blocks(s[i] + o[i])} blocks, more than the cache's "
+                                                 f"{mem.num_blocks}")
+            elif mem.can_allocate(mem.blocks(s[i])) == NEVER:
+                state[i], reason[i] = REJECTED, (f"prompt of {s[i]} tokens needs {mem.blocks(s[i])} blocks; the "
+                                                 f"watermark leaves {mem.num_blocks - mem.watermark_blocks}")
+        first_sched = [math.nan] * n
+        first_token = [math.nan] * n
+        last_token = [math.nan] * n
+        max_gap = [0.0] * n
+        completion = [math.nan] * n
+        pre_rec, pre_swap, fallbacks = [0] * n, [0] * n, [0] * n
+        preempted_at = [math.nan] * n
+        preempted_s = [0.0] * n
+        recomputed, swapped_bytes = [0] * n, [0] * n
+        log = []
+        iteration_seconds = self.latency.iteration_seconds
+        t, step, nxt, no_token, completed = 0.0, 0, 0, 0, 0
+        status, message = "completed", ""
+        bar = None
+        if self.progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=n, desc=name, unit="req", leave=False)
+        while True:
+            while nxt < n and a[nxt] <= t:
+                if state[nxt] == FUTURE:
+                    state[nxt] = WAITING
+                    waiting.append(nxt)
+                nxt += 1
+            if not waiting and not running and not swapped:
+                if nxt >= n:
+                    break
+                t = a[nxt]
+                continue
+            if step >= self.max_iterations:
+                status, message = "max_iterations", f"stopped after {step} iterations (engine.max_iterations)"
+                break
+            d = self.policy.step(StepView(self, step, t))
+            self._check(d, name)
+            # 1. preempt
+            n_rec = n_swap = 0
+            out_blocks = in_blocks = 0
+            for i, mode in d.preempt:
+                running.remove(i)
+                preempted_at[i] = t
+                if mode == SWAP and mem.host_has_room(mem.held(i)):
+                    blocks = mem.swap_out(i)
+                    out_blocks += blocks
+                    swapped_bytes[i] += blocks * block_bytes_all
+                    state[i] = SWAPPED
+                    swapped.append(i)
+                    pre_swap[i] += 1
+                    n_swap += 1
+                else:
+                    if mode == SWAP:
+                        fallbacks[i] += 1
+                    cached = prefilled[i] if prefilled[i] < target[i] else s[i] + generated[i] - 1
+                    recomputed[i] += cached
+                    mem.release(i)
+                    prefilled[i] = 0
+                    target[i] = s[i] + generated[i]
+                    state[i] = WAITING
+                    pre_rec[i] += 1
+                    n_rec += 1
+            # vLLM's waiting.extendleft(preempted): the last victim (the earliest admitted) ends up first
+            waiting.extendleft(i for i, _ in d.preempt if state[i] == WAITING)
+            # 2. swap in
+            for i in d.swap_in:
+                swapped.remove(i)
+                blocks = mem.swap_in(i)
+                in_blocks += blocks
+                swapped_bytes[i] += blocks * block_bytes_all
+                preempted_s[i] += t - preempted_at[i]
+                preempted_at[i] = math.nan
+                state[i] = RUNNING
+                running.append(i)
+            # 3. prefill chunks (timed with the context before them)
+            chunks, partial = [], 0
+            for i, chunk in d.prefill:
+                if state[i] == WAITING:
+                    waiting.remove(i)  # usually the head: deque.remove is O(position)
+                    state[i] = RUNNING
+                    running.append(i)
+                    target[i] = s[i] + generated[i]
+                    prefilled[i] = 0
+                    mem.hold(i, mem.blocks(target[i]))
+                    if first_sched[i] != first_sched[i]:
+                        first_sched[i] = t
+                    if preempted_at[i] == preempted_at[i]:
+                        preempted_s[i] += t - preempted_at[i]
+                        preempted_at[i] = math.nan
+                chunks.append((chunk, prefilled[i]))
+                if prefilled[i] + chunk < target[i]:
+                    partial += chunk
+            # 4. decodes grow by one token each
+            decode_ctx = 0
+            for i in d.decode:
+                mem.hold(i, mem.blocks(s[i] + generated[i]))
+                decode_ctx += s[i] + generated[i] - 1
+            for i, tokens in d.reserve.items():
+                mem.hold(i, mem.blocks(tokens))
+            swap_s = self.swap.seconds(out_blocks) + self.swap.seconds(in_blocks)
+            if not chunks and not d.decode:
+                t += swap_s  # copies take their time even when nothing computes
+                if not (d.preempt or d.swap_in or running or swapped) and nxt < n:
+                    t = max(t, a[nxt])  # idle: nothing runs until the next arrival
+                    continue
+                no_token += 1
+                if no_token >= self.stall_limit:
+                    status = "stalled" if not running else "no_progress"
+                    message = (f"policy '{name}' ran no request in {no_token} iterations in a row "
+                               f"(engine.stall_limit={self.stall_limit}) with {len(waiting)} waiting, {len(running)} "
+                               f"running and {len(swapped)} swapped")
+                    break
+                continue
+            compute = float(iteration_seconds(chunks, len(d.decode), decode_ctx))
+            dt = max(compute, swap_s) if self.swap.overlap else compute + swap_s
+            end = t + dt
+            produced: List[int] = []
+            for i, chunk in d.prefill:
+                prefilled[i] += chunk
+                if prefilled[i] == target[i]:
+                    produced.append(i)
+            produced.extend(d.decode)
+            for i in produced:
+                generated[i] += 1
+            # KV during this iteration: each running request's context once the batch has run
+            ctx_tokens = needed = 0
+            for i in running:
+                ctx = prefilled[i] if prefilled[i] < target[i] else s[i] + generated[i] - 1
+                ctx_tokens += ctx
+                needed += mem.blocks(ctx)
+            log.append((t, dt, len(chunks) + len(d.decode), sum(c for c, _ in chunks), len(d.decode), ctx_tokens,
+                        mem.capacity_tokens, False, n_rec + n_swap, mem.used, mem.used - needed, mem.free,
+                        mem.host_used, swap_s, partial, n_rec, n_swap, len(d.swap_in)))
+            for i in produced:
+                if first_token[i] != first_token[i]:
+                    first_token[i] = end
+                else:
+                    gap = end - last_token[i]
+                    if gap > max_gap[i]:
+                        max_gap[i] = gap
+                last_token[i] = end
+                if generated[i] == o[i]:
+                    completion[i] = end
+                    state[i] = DONE
+                    running.remove(i)
+                    mem.release(i)
+                    completed += 1
+            if bar is not None and produced:
+                bar.n = completed
+                bar.refresh() if completed % 100 == 0 else None
+            no_token = 0 if produced else no_token + 1
+            t = end
+            step += 1
+            if no_token >= self.stall_limit:
+                status = "no_progress"
+                message = (f"{no_token} iterations in a row produced no token (engine.stall_limit="
+                           f"{self.stall_limit}): policy '{name}' keeps preempting or re-prefilling")
+                break
+        if bar is not None:
+            bar.close()
+        rejected = int((state == REJECTED).sum())
+        if status == "completed" and rejected:
+            message = f"{rejected} request(s) rejected (see reject_reason)"
+        return self._result(state, log, first_sched, first_token, completion, max_gap, pre_rec, pre_swap, fallbacks,
+                            preempted_s, recomputed, swapped_bytes, reason, status, message)
+
+    def _result(self, state, log, first_sched, first_token, completion, max_gap, pre_rec, pre_swap, fallbacks,
+                preempted_s, recomputed, swapped_bytes, reason, status, message) -> EngineResult:
+        r, mem = self.r, self.memory
+        iterations = pd.DataFrame.from_records(log, columns=ITERATION_COLUMNS).astype(
+            {"start": float, "duration": float, "batch_size": np.int64, "prefill_tokens": np.int64,
+             "decode_tokens": np.int64, "kv_tokens_in_use": np.int64, "capacity": np.int64, "overflow": bool,
+             "cleared": np.int64, "blocks_used": np.int64, "blocks_reserved": np.int64, "blocks_free": np.int64,
+             "host_blocks": np.int64, "swap_seconds": float, "chunk_tokens": np.int64,
+             "preempted_recompute": np.int64, "preempted_swap": np.int64, "swapped_in": np.int64})
+        a, o = r.arrival_time, r.output_tokens
+        first_token, completion = np.array(first_token), np.array(completion)
+        done = state == DONE
+        mean_tbt = np.where(done & (o > 1), (completion - first_token) / np.maximum(o - 1, 1), np.nan)
+        max_tbt = np.where(done & (o > 1), np.array(max_gap), np.nan)
+        pre_rec, pre_swap = np.array(pre_rec, dtype=np.int64), np.array(pre_swap, dtype=np.int64)
+        requests = pd.DataFrame({
+            "request_id": r.request_id, "arrival_time": a, "prompt_tokens": r.prompt_tokens, "output_tokens": o,
+            "predicted_output_tokens": self.pred, "state": STATE_NAMES[state],
+            "first_scheduled_time": np.array(first_sched), "first_token_time": first_token,
+            "completion_time": completion, "ttft": first_token - a, "e2e_latency": completion - a,
+            "mean_tbt": mean_tbt, "max_tbt": max_tbt, "preemptions": pre_rec + pre_swap, "restarts": pre_rec,
+            "preemptions_recompute": pre_rec, "preemptions_swap": pre_swap,
+            "swap_fallbacks": np.array(fallbacks, dtype=np.int64), "preempted_seconds": np.array(preempted_s),
+            "recomputed_tokens": np.array(recomputed, dtype=np.int64),
+            "swapped_bytes": np.array(swapped_bytes, dtype=np.int64), "reject_reason": reason,
+        }).sort_values("request_id", kind="stable").reset_index(drop=True)
+        result = EngineResult(requests, iterations, status, message, 0, mem.capacity_tokens)
+        result.extra = {"memory": mem.describe(), "swap": self.swap.describe()}
+        return result

@@ -1,0 +1,94 @@
+"""Swap cost models (config group ``swap``): seconds to copy a preempted request's KV blocks between GPU
+and host memory, in one direction. Each GPU copies its own tensor-parallel shard over its own link at the
+same time, so a copy of n blocks moves ``n * block_bytes_per_gpu`` bytes per GPU.
+
+* ``pcie`` (:class:`PcieSwap`): a bandwidth model: PCIe 4.0 x16 (``hardware.pcie_gbps``) at 80%
+  efficiency plus 10 us per layer (vLLM issues one copy per layer), as in ``kvstudy/preemption_cost.py``.
+* ``vllm_blocks`` (:class:`VllmBlocksSwap`): vLLM V0's one-``cudaMemcpyAsync``-per-block path, which
+  CacheOPT and RR-SJF ran on. vLLM pull request 11531 measured, on an A100-40GB, 1.21 GB/s for one
+  block and 3.11 GB/s for 1,250 blocks with that implementation (12.6 GB/s with the PR's new kernel).
+  The effective rate is fitted as ``rate(n) = 1 / (a / n + b)`` (a fixed cost per copy call amortised
+  over n blocks plus a per-byte cost): the two measurements give ``a = 0.5053``, ``b = 0.3211`` ns per
+  byte. ``kernel: batched`` uses the new kernel's flat 12.6 GB/s instead.
+
+``overlap`` (a setting of both): whether swaps run concurrently with the iteration's compute (the
+iteration then takes the longer of the two) or before it (vLLM V0: they do not overlap; the default).
+"""
+from __future__ import annotations
+
+from kvstudy.errors import ConfigError
+
+PCIE_EFFICIENCY = 0.8
+PER_LAYER_OVERHEAD_S = 10e-6
+# vLLM PR 11531 (A100-40GB): effective GB/s for 1 and 1,250 blocks with one copy per block.
+PR11531_RATE_1, PR11531_RATE_1250, PR11531_NEW_KERNEL = 1.21, 3.11, 12.6
+
+
+def _fit_per_block_rate():
+    """Solve 1/rate(n) = a/n + b through (1, 1.21) and (1250, 3.11); a, b in ns per byte."""
+    inv1, inv1250 = 1.0 / PR11531_RATE_1, 1.0 / PR11531_RATE_1250
+    a = (inv1 - inv1250) / (1.0 - 1.0 / 1250)
+    return a, inv1 - a
+
+
+class SwapModel:
+    name = "base"
+
+    def __init__(self, overlap: bool = False) -> None:
+        if not isinstance(overlap, bool):
+            raise ConfigError(f"swap.overlap={overlap!r}: allowed true or false")
+        self.overlap = overlap
+
+    def bind(self, num_layers: int, pipeline_parallel: int, pcie_gbps: float, block_bytes_per_gpu: int) -> None:
+        self.layers = num_layers // max(1, pipeline_parallel)
+        self.pcie_gbps = float(pcie_gbps)
+        self.block_bytes = int(block_bytes_per_gpu)
+
+    def seconds(self, blocks: int) -> float:
+        """One direction (out or in) for ``blocks`` blocks moved together."""
+        raise NotImplementedError
+
+    def describe(self) -> dict:
+        return {"name": self.name, "overlap": self.overlap}
+
+
+class PcieSwap(SwapModel):
+    name = "pcie"
+
+    def __init__(self, efficiency: float = PCIE_EFFICIENCY, per_layer_overhead_s: float = PER_LAYER_OVERHEAD_S,
+                 overlap: bool = False, name: str = "pcie") -> None:
+        super().__init__(overlap)
+        if not 0 < float(efficiency) <= 1:
+            raise ConfigError(f"swap.efficiency={efficiency}: allowed 0 < efficiency <= 1")
+        if float(per_layer_overhead_s) < 0:
+            raise ConfigError(f"swap.per_layer_overhead_s={per_layer_overhead_s}: must be >= 0")
+        self.efficiency, self.per_layer = float(efficiency), float(per_layer_overhead_s)
+
+    def seconds(self, blocks: int) -> float:
+        if blocks <= 0:
+            return 0.0
+        return blocks * self.block_bytes / (self.pcie_gbps * 1e9 * self.efficiency) + self.layers * self.per_layer
+
+
+class VllmBlocksSwap(SwapModel):
+    name = "vllm_blocks"
+
+    def __init__(self, kernel: str = "per_block", overlap: bool = False, name: str = "vllm_blocks") -> None:
+        super().__init__(overlap)
+        if kernel not in ("per_block", "batched"):
+            raise ConfigError(f"swap.kernel={kernel!r}: allowed per_block (vLLM V0), batched (PR 11531's kernel)")
+        self.kernel = kernel
+        self.a_ns, self.b_ns = _fit_per_block_rate()
+
+    def rate_gbps(self, blocks: int) -> float:
+        if self.kernel == "batched":
+            return PR11531_NEW_KERNEL
+        return 1.0 / (self.a_ns / blocks + self.b_ns)
+
+    def seconds(self, blocks: int) -> float:
+        if blocks <= 0:
+            return 0.0
+        return blocks * self.block_bytes / (self.rate_gbps(blocks) * 1e9)
+
+    def describe(self) -> dict:
+        return {**super().describe(), "kernel": self.kernel}

@@ -1,14 +1,21 @@
 """kvstudy vs Vidur's own simulator on the same requests, model, hardware, profiles and trained predictor.
 
-    python bench/vs_vidur.py                 # the table in the issue-6 closing note
-    python bench/vs_vidur.py --one kvstudy lmsys 1000   (internal: one measurement in a fresh process)
+    python bench/vs_vidur.py agree [N]   # agreement table: vllm and sarathi vs Vidur's (Splitwise conv, N=10,000)
+    python bench/vs_vidur.py speed       # speed table: kvstudy vllm vs Vidur's vllm, 1k-100k requests
+    python bench/vs_vidur.py --one ENGINE WORKLOAD N SCHEDULER MODE   (internal: one run in a fresh process)
 
-kvstudy runs its closest equivalent of Vidur's vLLM replica scheduler, policy ``fcfs_watermark``: FCFS
-admission under a 1% memory watermark (Vidur's watermark_blocks_fraction) and recompute preemption of the
-newest running requests on overflow. Vidur runs its vLLM replica scheduler (FCFS, block allocation, recompute preemption) with
-num_blocks = M / 16, batch cap 1,024 and max tokens per batch M. Each measurement runs in its own
-process; peak memory is the process's resident-set high-water mark (VmHWM), set-up included (both
-load the same predictor tables; Vidur's also holds its prediction dicts and simulator entities).
+Both sides: Llama2-70B on a100_tp2, KV capacity 16,492 tokens in blocks of 16 (1,030 blocks), watermark 1%,
+vLLM token budget 4,096, Sarathi chunk 512, recompute preemption. kvstudy runs ``memory=paged`` with
+policy ``vllm`` or ``sarathi`` in three settings:
+
+* ``vllm_semantics``: vLLM V0 as kvstudy implements it (running list in admission order, max_num_seqs 256,
+  the predictor keyed on each request's cached context);
+* ``aligned``: the named differences set to Vidur's: running list sorted by arrival before each step
+  (Vidur's replica schedulers sort their preempted list), at most 128 requests holding KV (Vidur's
+  batch_size_cap), and the predictor keyed as Vidur's simulator keys it (``VidurKeys``);
+* ``swap``: vLLM semantics with swap preemption (Vidur has no swap; no Vidur row to compare).
+
+Each measurement runs in its own process; peak memory is the process's resident-set high-water mark.
 """
 import json
 import subprocess
@@ -18,8 +25,29 @@ import time
 
 import numpy as np
 
-WORKLOADS = {"splitwise_conv": None, "lmsys": None}
 CAPACITY = 16492
+BLOCK = 16
+VIDUR_CAP = 128
+TOKENS_IN_BATCH = 4096
+CHUNK = 512
+
+
+class VidurKeys:
+    """Vidur 0.0.26's simulator keys attention on ``num_kv_tokens = processed + q`` (its vllm/sarathi
+    schedulers), where kvstudy passes the context cached before the iteration: a prefill chunk c over k
+    cached tokens is keyed on k + c, and a decode (Vidur counts the token from the prefill as processed)
+    on the cached context + 2. This wrapper feeds kvstudy's latency model the keys Vidur's simulator uses."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.stamps_at_start = False
+
+    def iteration_seconds(self, chunks, num_decodes, decode_context_sum):
+        return self.inner.iteration_seconds([(c, k + c) for c, k in chunks], num_decodes,
+                                            decode_context_sum + 2 * num_decodes)
+
+    def describe(self):
+        return {**self.inner.describe(), "keys": "vidur"}
 
 
 def requests(workload: str, n: int):
@@ -43,27 +71,47 @@ def _status_mb(key):
             return int(line.split()[1]) / 1024
 
 
-def one(engine: str, workload: str, n: int) -> dict:
+def _stats(arrival, first, completion, restarts):
+    e2e = np.asarray(completion) - np.asarray(arrival)
+    ttft = np.asarray(first) - np.asarray(arrival)
+    return {"makespan": float(np.nanmax(completion) - np.min(arrival)), "median_e2e": float(np.nanmedian(e2e)),
+            "p99_e2e": float(np.nanpercentile(e2e, 99)), "median_ttft": float(np.nanmedian(ttft)),
+            "p99_ttft": float(np.nanpercentile(ttft, 99)), "preemptions": int(np.sum(restarts)),
+            "completed": int(np.isfinite(completion).sum())}
+
+
+def one(engine: str, workload: str, n: int, scheduler: str, mode: str) -> dict:
     from kvstudy import api
     from kvstudy.latency.models import profile_files
 
     arrival, prompt, output = requests(workload, n)
-    cfg = api.compose(["+policy=fcfs_watermark", "engine.progress=false", f"memory.capacity_tokens={CAPACITY}"])
-    arch, hw, _, latency = api.model_setup(cfg)
+    overrides = [f"+policy={scheduler}", "engine.progress=false", f"memory.capacity_tokens={CAPACITY}",
+                 f"memory.block_size={BLOCK}"]
+    if scheduler == "vllm":
+        overrides.append(f"policy.max_num_batched_tokens={TOKENS_IN_BATCH}")
+    else:
+        overrides.append(f"policy.chunk_size={CHUNK}")
+    if mode == "aligned":
+        overrides += ["policy.running_order=arrival", f"policy.max_num_seqs={VIDUR_CAP}"]
+    if mode == "swap":
+        overrides.append("policy.preemption_mode=swap")
+    cfg = api.compose(overrides)
+    arch, hw, capacity, latency = api.model_setup(cfg)
     if engine == "kvstudy":
-        from kvstudy.engine import Engine
         from kvstudy.workloads.requests import make_requests
 
+        if mode == "aligned":
+            latency = VidurKeys(latency)
         req = make_requests(arrival, prompt, output, source=workload)
         policy = api.build_policy(cfg)
         policy.reset(0)
-        eng = Engine(req, req.output_tokens, policy, latency, CAPACITY)
+        eng = api.build_engine(cfg, req, req.output_tokens, policy, latency, arch, hw, capacity)
         t0 = time.perf_counter()
         res = eng.run()
         run_s = time.perf_counter() - t0
-        it = res.iterations
-        out = {"run_seconds": run_s, "iterations": len(it), "status": res.status,
-               "simulated_seconds": float((it.start + it.duration).max())}
+        q = res.requests
+        out = {"run_seconds": run_s, "iterations": len(res.iterations), "status": res.status,
+               **_stats(q.arrival_time, q.first_token_time, q.completion_time, q.preemptions)}
     else:
         from kvstudy.latency import vidur_adapter
         from kvstudy.latency.models import vidur_cache_folder
@@ -71,18 +119,22 @@ def one(engine: str, workload: str, n: int) -> dict:
         folder = str(vidur_cache_folder(latency.info["cache_key"]) / "vidur")
         with tempfile.TemporaryDirectory() as work:
             files = profile_files(arch, hw)
-            out = vidur_adapter.run_vidur_simulator(arch, hw, files, latency.settings, folder, arrival, prompt, output,
-                                                    CAPACITY, work, max_tokens_in_batch=CAPACITY)
+            res = vidur_adapter.run_vidur_simulator(
+                arch, hw, files, latency.settings, folder, arrival, prompt, output, CAPACITY, work,
+                max_tokens_in_batch=TOKENS_IN_BATCH, batch_size_cap=VIDUR_CAP, scheduler=scheduler,
+                chunk_size=CHUNK, block_size=BLOCK, per_request=True)
+        q = res.pop("requests")
+        out = {**res, **_stats(q["arrival"], q["first_token"], q["completion"], q["restarts"])}
     out["run_peak_mb"] = _status_mb("VmHWM")
-    out.update(engine=engine, workload=workload, n=n)
+    out.update(engine=engine, workload=workload, n=n, scheduler=scheduler, mode=mode)
     return out
 
 
-def measure(engine, workload, n, timeout):
+def measure(engine, workload, n, scheduler="vllm", mode="vllm_semantics", timeout=3600):
     t0 = time.perf_counter()
+    args = [sys.executable, __file__, "--one", engine, workload, str(n), scheduler, mode]
     try:
-        proc = subprocess.run([sys.executable, __file__, "--one", engine, workload, str(n)], capture_output=True,
-                              text=True, timeout=timeout)
+        proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return {"engine": engine, "workload": workload, "n": n, "run_seconds": None, "note": f"> {timeout} s"}
     if proc.returncode:
@@ -92,29 +144,58 @@ def measure(engine, workload, n, timeout):
     return res
 
 
-def main():
+def _pct(a, b):
+    return f"{100 * (a - b) / b:+.1f}%" if b else "n/a"
+
+
+def agree(n: int) -> None:
     rows = []
-    plan = [("splitwise_conv", 1000), ("splitwise_conv", 10000), ("lmsys", 1000), ("lmsys", 10000), ("lmsys", 100000)]
-    for workload, n in plan:
-        for engine in ("kvstudy", "vidur"):
-            # kvstudy's runs are short and noisy: best of three fresh processes; Vidur's long runs once
-            tries = [measure(engine, workload, n, timeout=1800) for _ in range(3 if engine == "kvstudy" else 1)]
-            ok = [t for t in tries if t.get("run_seconds")]
-            rows.append(min(ok, key=lambda t: t["run_seconds"]) if ok else tries[0])
-            print(json.dumps(rows[-1]), flush=True)
-    print("\n| workload | requests | kvstudy run s | Vidur run s | speed-up | kvstudy peak RSS MB | Vidur peak RSS MB |")
+    for scheduler in ("vllm", "sarathi"):
+        vidur = measure("vidur", "splitwise_conv", n, scheduler, "vidur")
+        print(json.dumps(vidur), flush=True)
+        for mode in ("vllm_semantics", "aligned", "swap"):
+            k = measure("kvstudy", "splitwise_conv", n, scheduler, mode)
+            print(json.dumps(k), flush=True)
+            rows.append((scheduler, mode, k, vidur))
+    print(f"\nSplitwise conversation trace, first {n} requests (prompt + output <= 4,096); Llama2-70B, a100_tp2, "
+          f"{CAPACITY} tokens in blocks of {BLOCK}\n")
+    print("| scheduler | kvstudy setting | makespan s (Vidur) | median e2e s (Vidur) | p99 e2e s (Vidur) | "
+          "median TTFT s (Vidur) | p99 TTFT s (Vidur) | preemptions (Vidur) | run s (Vidur) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for scheduler, mode, k, v in rows:
+        if not k.get("run_seconds") or not v.get("run_seconds"):
+            print(f"| {scheduler} | {mode} | failed: {k.get('note') or v.get('note')} |")
+            continue
+        cells = [f"{k[m]:.2f} ({v[m]:.2f}; {_pct(k[m], v[m])})" for m in
+                 ("makespan", "median_e2e", "p99_e2e", "median_ttft", "p99_ttft")]
+        print(f"| {scheduler} | {mode} | " + " | ".join(cells) +
+              f" | {k['preemptions']} ({v['preemptions']}) | {k['run_seconds']:.2f} ({v['run_seconds']:.2f}; "
+              f"{v['run_seconds'] / k['run_seconds']:.1f}x) |")
+
+
+def speed() -> None:
+    plan = [("splitwise_conv", 1000), ("splitwise_conv", 10000), ("lmsys", 1000), ("lmsys", 10000),
+            ("lmsys", 100000)]
+    print("| workload | requests | kvstudy vllm run s | Vidur vllm run s | speed-up | kvstudy peak RSS MB | "
+          "Vidur peak RSS MB |")
     print("|---|---|---|---|---|---|---|")
     for workload, n in plan:
-        k = next(r for r in rows if r["engine"] == "kvstudy" and r["workload"] == workload and r["n"] == n)
-        v = next(r for r in rows if r["engine"] == "vidur" and r["workload"] == workload and r["n"] == n)
+        # kvstudy's runs are short and noisy: best of three fresh processes; Vidur's long runs once
+        tries = [measure("kvstudy", workload, n, "vllm", "aligned") for _ in range(3)]
+        ok = [t for t in tries if t.get("run_seconds")]
+        k = min(ok, key=lambda t: t["run_seconds"]) if ok else tries[0]
+        v = measure("vidur", workload, n, "vllm", "vidur")
         ratio = v["run_seconds"] / k["run_seconds"] if k.get("run_seconds") and v.get("run_seconds") else None
         fmt = lambda x, f="{:.2f}": f.format(x) if isinstance(x, (int, float)) else str(x)
         print(f"| {workload} | {n} | {fmt(k.get('run_seconds'))} | {fmt(v.get('run_seconds') or v.get('note'))} | "
-              f"{fmt(ratio, '{:.1f}x')} | {fmt(k.get('run_peak_mb'), '{:.0f}')} | {fmt(v.get('run_peak_mb'), '{:.0f}')} |")
+              f"{fmt(ratio, '{:.1f}x')} | {fmt(k.get('run_peak_mb'), '{:.0f}')} | {fmt(v.get('run_peak_mb'), '{:.0f}')} |",
+              flush=True)
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--one":
-        print(json.dumps(one(sys.argv[2], sys.argv[3], int(sys.argv[4]))))
+        print(json.dumps(one(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], sys.argv[6])))
+    elif len(sys.argv) > 1 and sys.argv[1] == "speed":
+        speed()
     else:
-        main()
+        agree(int(sys.argv[2]) if len(sys.argv) > 2 else 10000)

@@ -109,6 +109,8 @@ class StepEngine:
                 raise PolicyError(f"policy '{name}' gives request {self.id_list[i]} a prefill chunk of {chunk!r} "
                                   f"tokens; allowed 1..{remaining}")
         swapping_in = set(d.swap_in)
+        if d.decode_all and d.decode:
+            raise PolicyError(f"policy '{name}': a decision has decode_all or a decode list, not both")
         for i in d.decode:
             if i not in swapping_in:  # a request swapped back in may decode in the same iteration
                 once(i, "decode")
@@ -130,6 +132,8 @@ class StepEngine:
         for i, _ in d.prefill:
             if state[i] == WAITING:
                 need += mem.blocks(self.s_list[i] + self.generated[i])
+        if d.decode_all:
+            need += len(self.growing) - sum(1 for i in preempted if i in self.growing)
         for i in d.decode:
             if i not in swapping_in:
                 need += max(0, mem.blocks(self.s_list[i] + self.generated[i]) - mem.held(i))
@@ -158,6 +162,8 @@ class StepEngine:
         self.prefilled = prefilled = [0] * n
         self.target = target = [s[i] for i in range(n)]
         self.waiting, self.running, self.swapped = waiting, running, swapped = deque(), [], deque()
+        self.prefilling, self.growing = prefilling_set, growing = set(), set()
+        bs, gpu = mem.block_size, mem.gpu
         reason = [""] * n
         for i in range(n):
             if mem.blocks(s[i] + o[i]) > mem.num_blocks:
@@ -179,6 +185,9 @@ class StepEngine:
         log = []
         iteration_seconds = self.latency.iteration_seconds
         t, step, nxt, no_token, completed = 0.0, 0, 0, 0, 0
+        prefill_kv = 0  # KV tokens of running requests still in their prefill
+        reserved_ids = set()  # requests given a reservation (their blocks can exceed their context)
+        decode_ctx = 0  # sum of s + generated - 1 over running requests past their prefill (cached contexts)
         status, message = "completed", ""
         bar = None
         if self.progress:
@@ -206,7 +215,10 @@ class StepEngine:
             out_blocks = in_blocks = 0
             for i, mode in d.preempt:
                 running.remove(i)
+                growing.discard(i)
                 preempted_at[i] = t
+                if i not in prefilling_set:
+                    decode_ctx -= s[i] + generated[i] - 1
                 if mode == SWAP and mem.host_has_room(mem.held(i)):
                     blocks = mem.swap_out(i)
                     out_blocks += blocks
@@ -218,8 +230,12 @@ class StepEngine:
                 else:
                     if mode == SWAP:
                         fallbacks[i] += 1
-                    cached = prefilled[i] if prefilled[i] < target[i] else s[i] + generated[i] - 1
-                    recomputed[i] += cached
+                    if i in prefilling_set:
+                        recomputed[i] += prefilled[i]
+                        prefill_kv -= prefilled[i]
+                        prefilling_set.discard(i)
+                    else:
+                        recomputed[i] += s[i] + generated[i] - 1
                     mem.release(i)
                     prefilled[i] = 0
                     target[i] = s[i] + generated[i]
@@ -228,7 +244,7 @@ class StepEngine:
                     n_rec += 1
             # vLLM's waiting.extendleft(preempted): the last victim (the earliest admitted) ends up first
             waiting.extendleft(i for i, _ in d.preempt if state[i] == WAITING)
-            # 2. swap in
+            # 2. swap in (the request decodes from here on)
             for i in d.swap_in:
                 swapped.remove(i)
                 blocks = mem.swap_in(i)
@@ -238,6 +254,9 @@ class StepEngine:
                 preempted_at[i] = math.nan
                 state[i] = RUNNING
                 running.append(i)
+                decode_ctx += s[i] + generated[i] - 1
+                if (s[i] + generated[i] + bs - 1) // bs > blocks:
+                    growing.add(i)
             # 3. prefill chunks (timed with the context before them)
             chunks, partial = [], 0
             for i, chunk in d.prefill:
@@ -245,6 +264,7 @@ class StepEngine:
                     waiting.remove(i)  # usually the head: deque.remove is O(position)
                     state[i] = RUNNING
                     running.append(i)
+                    prefilling_set.add(i)
                     target[i] = s[i] + generated[i]
                     prefilled[i] = 0
                     mem.hold(i, mem.blocks(target[i]))
@@ -256,15 +276,22 @@ class StepEngine:
                 chunks.append((chunk, prefilled[i]))
                 if prefilled[i] + chunk < target[i]:
                     partial += chunk
-            # 4. decodes grow by one token each
-            decode_ctx = 0
-            for i in d.decode:
-                mem.hold(i, mem.blocks(s[i] + generated[i]))
-                decode_ctx += s[i] + generated[i] - 1
+            # 4. who decodes: every running request past its prefill (decode_all), or the list given
+            if d.decode_all:
+                decoders = [i for i in running if i not in prefilling_set] if prefilling_set else list(running)
+                ctx_now = decode_ctx
+            else:
+                decoders = d.decode
+                ctx_now = sum(s[i] + generated[i] - 1 for i in decoders)
+            n_dec = len(decoders)
+            for i in (growing.intersection(decoders) if not d.decode_all else tuple(growing)):
+                mem.hold(i, (s[i] + generated[i] + bs - 1) // bs)
+                growing.discard(i)
             for i, tokens in d.reserve.items():
                 mem.hold(i, mem.blocks(tokens))
+                reserved_ids.add(i)
             swap_s = self.swap.seconds(out_blocks) + self.swap.seconds(in_blocks)
-            if not chunks and not d.decode:
+            if not chunks and not n_dec:
                 t += swap_s  # copies take their time even when nothing computes
                 if not (d.preempt or d.swap_in or running or swapped) and nxt < n:
                     t = max(t, a[nxt])  # idle: nothing runs until the next arrival
@@ -277,43 +304,69 @@ class StepEngine:
                                f"running and {len(swapped)} swapped")
                     break
                 continue
-            compute = float(iteration_seconds(chunks, len(d.decode), decode_ctx))
+            compute = float(iteration_seconds(chunks, n_dec, ctx_now))
             dt = max(compute, swap_s) if self.swap.overlap else compute + swap_s
             end = t + dt
-            produced: List[int] = []
-            for i, chunk in d.prefill:
-                prefilled[i] += chunk
-                if prefilled[i] == target[i]:
-                    produced.append(i)
-            produced.extend(d.decode)
-            for i in produced:
-                generated[i] += 1
-            # KV during this iteration: each running request's context once the batch has run
-            ctx_tokens = needed = 0
-            for i in running:
-                ctx = prefilled[i] if prefilled[i] < target[i] else s[i] + generated[i] - 1
-                ctx_tokens += ctx
-                needed += mem.blocks(ctx)
-            log.append((t, dt, len(chunks) + len(d.decode), sum(c for c, _ in chunks), len(d.decode), ctx_tokens,
-                        mem.capacity_tokens, False, n_rec + n_swap, mem.used, mem.used - needed, mem.free,
-                        mem.host_used, swap_s, partial, n_rec, n_swap, len(d.swap_in)))
-            for i in produced:
-                if first_token[i] != first_token[i]:
-                    first_token[i] = end
-                else:
-                    gap = end - last_token[i]
-                    if gap > max_gap[i]:
-                        max_gap[i] = gap
+            # tokens: one per decoder, one per prefill whose last chunk ran
+            finished, left_ctx = [], 0
+            decode_ctx += n_dec
+            for i in decoders:
+                g = generated[i] + 1
+                generated[i] = g
+                gap = end - last_token[i]
+                if gap > max_gap[i]:
+                    max_gap[i] = gap
                 last_token[i] = end
-                if generated[i] == o[i]:
-                    completion[i] = end
-                    state[i] = DONE
-                    running.remove(i)
-                    mem.release(i)
-                    completed += 1
-            if bar is not None and produced:
+                if g == o[i]:
+                    finished.append(i)
+                    left_ctx += s[i] + g - 1
+                elif (s[i] + g + bs - 1) // bs > gpu[i]:
+                    growing.add(i)
+            done_at_prefill, produced = 0, n_dec
+            for i, chunk in d.prefill:
+                p = prefilled[i] + chunk
+                prefilled[i] = p
+                prefill_kv += chunk
+                if p == target[i]:
+                    prefilling_set.discard(i)
+                    prefill_kv -= p
+                    produced += 1
+                    g = generated[i] + 1
+                    generated[i] = g
+                    if first_token[i] != first_token[i]:
+                        first_token[i] = end
+                    else:
+                        gap = end - last_token[i]
+                        if gap > max_gap[i]:
+                            max_gap[i] = gap
+                    last_token[i] = end
+                    if g == o[i]:
+                        finished.append(i)
+                        done_at_prefill += p
+                    else:
+                        decode_ctx += p  # = s + g - 1: it decodes from the next iteration
+                        if (s[i] + g + bs - 1) // bs > gpu[i]:
+                            growing.add(i)
+            # KV held during this iteration (before completions free it), and blocks held beyond it
+            reserved = 0
+            if prefilling_set or reserved_ids:
+                for i in prefilling_set.union(reserved_ids.intersection(running)):
+                    ctx = prefilled[i] if i in prefilling_set else s[i] + generated[i] - 1
+                    reserved += gpu[i] - (ctx + bs - 1) // bs
+            log.append((t, dt, len(chunks) + n_dec, sum(c for c, _ in chunks), n_dec,
+                        decode_ctx + prefill_kv + done_at_prefill, mem.capacity_tokens, False, n_rec + n_swap,
+                        mem.used, reserved, mem.free, mem.host_used, swap_s, partial, n_rec, n_swap, len(d.swap_in)))
+            decode_ctx -= left_ctx
+            for i in finished:
+                completion[i] = end
+                state[i] = DONE
+                running.remove(i)
+                mem.release(i)
+                reserved_ids.discard(i)
+            completed += len(finished)
+            if bar is not None and finished:
                 bar.n = completed
-                bar.refresh() if completed % 100 == 0 else None
+                bar.refresh()
             no_token = 0 if produced else no_token + 1
             t = end
             step += 1

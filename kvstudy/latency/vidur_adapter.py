@@ -213,9 +213,12 @@ def vidur_iteration_seconds(predictor, prefill_chunks, decode_contexts) -> float
 
 def run_vidur_simulator(arch: ModelArch, hw: HardwareSpec, files: ProfileFiles, settings: PredictorSettings,
                         cache_dir: str, arrival, prompt, output, capacity_tokens: int, work_dir: str,
-                        max_tokens_in_batch: int, batch_size_cap: int = 1024) -> dict:
-    """Run Vidur's own event-driven simulator (vLLM replica scheduler) on the given requests, with the same
-    offline predictor kvstudy uses. For the benchmark in ``bench/vs_vidur.py``; returns timing facts.
+                        max_tokens_in_batch: int, batch_size_cap: int = 1024, scheduler: str = "vllm",
+                        chunk_size: int = 512, block_size: int = None, watermark: float = 0.01,
+                        per_request: bool = False) -> dict:
+    """Run Vidur's own event-driven simulator (its ``vllm`` or ``sarathi`` replica scheduler) on the given
+    requests, with the same offline predictor kvstudy uses. For ``bench/vs_vidur.py``; returns timing facts
+    and, with ``per_request``, each request's arrival, first-token, completion time and restart count.
 
     Vidur's trace-replay generator reads Azure-style columns (Date, Time, PromptTokenCount,
     CompletionTokenCount); the requests are written in that form with all scale factors 1.
@@ -223,24 +226,31 @@ def run_vidur_simulator(arch: ModelArch, hw: HardwareSpec, files: ProfileFiles, 
     import time
 
     import pandas as pd
-    from vidur.config import (ClusterConfig, MetricsConfig, RoundRobinGlobalSchedulerConfig, SimulationConfig,
-                              TraceRequestGeneratorConfig, VllmSchedulerConfig)
+    from vidur.config import (ClusterConfig, MetricsConfig, RoundRobinGlobalSchedulerConfig, SarathiSchedulerConfig,
+                              SimulationConfig, TraceRequestGeneratorConfig, VllmSchedulerConfig)
     from vidur.execution_time_predictor import ExecutionTimePredictorRegistry
     from vidur.simulator import Simulator
 
+    if scheduler not in ("vllm", "sarathi"):
+        raise ValueError(f"scheduler={scheduler!r}: allowed vllm, sarathi")
     trace = os.path.join(work_dir, "trace.csv")
     pd.DataFrame({"Date": "2024-01-01", "Time": arrival, "PromptTokenCount": prompt,
                   "CompletionTokenCount": output}).to_csv(trace, index=False)
     predictor = make_predictor(arch, hw, files, settings, cache_dir)
     started = time.perf_counter()
     replica = replica_config(arch, hw)
-    cache = CacheConfig(block_size=settings.block_size, num_blocks=capacity_tokens // settings.block_size)
+    block_size = block_size or settings.block_size
+    cache = CacheConfig(block_size=block_size, num_blocks=capacity_tokens // block_size,
+                        watermark_blocks_fraction=watermark)
+    if scheduler == "vllm":
+        sched = VllmSchedulerConfig(batch_size_cap=batch_size_cap, max_tokens_in_batch=max_tokens_in_batch)
+    else:
+        sched = SarathiSchedulerConfig(batch_size_cap=batch_size_cap, chunk_size=chunk_size)
     config = SimulationConfig(
         seed=0,
         cluster_config=ClusterConfig(num_replicas=1, replica_config=replica, cache_config=cache,
                                      global_scheduler_config=RoundRobinGlobalSchedulerConfig(),
-                                     replica_scheduler_config=VllmSchedulerConfig(
-                                         batch_size_cap=batch_size_cap, max_tokens_in_batch=max_tokens_in_batch)),
+                                     replica_scheduler_config=sched),
         request_generator_config=TraceRequestGeneratorConfig(
             trace_file=trace, date="2024-01-01", prefill_scale_factor=1, decode_scale_factor=1, time_scale_factor=1,
             max_tokens=int(max(prompt + output))),
@@ -254,8 +264,10 @@ def run_vidur_simulator(arch: ModelArch, hw: HardwareSpec, files: ProfileFiles, 
         simulator = Simulator(config)
     finally:
         del ExecutionTimePredictorRegistry.get  # back to the inherited BaseRegistry.get
+    requests = [event._request for _, event in simulator._event_queue]
     # Vidur 0.0.26 bug: Request.restart() (vLLM recompute preemption) keeps the per-stage token counter, so the
-    # restarted request trips `assert _num_stage_processed_tokens <= total_tokens`. Reset it as restart intends.
+    # restarted request trips `assert _num_stage_processed_tokens <= total_tokens`. Reset it as restart intends,
+    # and count restarts (stock restart() never increments _num_restarts).
     from vidur.entities.request import Request as VidurRequest
 
     stock_restart = VidurRequest.restart
@@ -264,6 +276,7 @@ def run_vidur_simulator(arch: ModelArch, hw: HardwareSpec, files: ProfileFiles, 
         stock_restart(self)
         self._num_stage_processed_tokens = 0
         self._is_prefill_stage_complete = False
+        self._num_restarts += 1
 
     VidurRequest.restart = restart
     setup_s = time.perf_counter() - started
@@ -272,5 +285,12 @@ def run_vidur_simulator(arch: ModelArch, hw: HardwareSpec, files: ProfileFiles, 
         simulator.run()
     finally:
         VidurRequest.restart = stock_restart
-    return {"setup_seconds": setup_s, "run_seconds": time.perf_counter() - started,
-            "simulated_seconds": float(simulator._time)}
+    out = {"setup_seconds": setup_s, "run_seconds": time.perf_counter() - started,
+           "simulated_seconds": float(simulator._time)}
+    if per_request:
+        requests.sort(key=lambda q: q.id)
+        out["requests"] = {"arrival": [q.arrived_at for q in requests],
+                           "first_token": [q.prefill_completed_at for q in requests],
+                           "completion": [q._completed_at if q.completed else float("nan") for q in requests],
+                           "restarts": [q._num_restarts for q in requests]}
+    return out

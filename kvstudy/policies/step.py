@@ -9,7 +9,9 @@ policy answers with a :class:`Decision` naming everything that happens in the it
 * ``swap_in``: swapped requests to bring back (they decode in this iteration if also named in ``decode``);
 * ``prefill``: ``(request, tokens)`` chunks: a waiting request starts (or restarts) its prefill, or a
   running request continues a chunked one. Its first token comes with its last chunk;
-* ``decode``: running requests whose prefill is complete that produce one token each;
+* ``decode``: running requests whose prefill is complete that produce one token each; or
+  ``decode_all``: every such request (after this decision's preemptions, with its swap-ins), the common
+  case, which the engine checks and carries out without a list;
 * ``reserve``: optional ``{request: tokens}`` to hold for a request beyond its context (RLP, S3 and
   CacheOPT allocate up front); without it a request holds the blocks its context needs.
 
@@ -35,6 +37,7 @@ class Decision:
     swap_in: List[int] = field(default_factory=list)
     prefill: List[Tuple[int, int]] = field(default_factory=list)
     decode: List[int] = field(default_factory=list)
+    decode_all: bool = False
     reserve: Dict[int, int] = field(default_factory=dict)
 
 
@@ -57,6 +60,10 @@ class StepView:
         self.generated, self.prefilled, self.prefill_target = engine.generated, engine.prefilled, engine.target
         self.request_id = engine.id_list
         self.max_model_len = engine.max_model_len
+        #: running requests whose prefill is unfinished (Sarathi continues them in chunks)
+        self.prefilling = engine.prefilling
+        #: running requests that need one more block to decode now (their context crosses a block boundary)
+        self.growing = engine.growing
 
     def in_prefill(self, i: int) -> bool:
         return self.prefilled[i] < self.prefill_target[i]

@@ -84,9 +84,21 @@ class VLLM(StepPolicy):
         plan.free += view.memory.held(i)
         plan.num_seqs -= 1
 
-    def _schedule_decodes(self, view: StepView, plan: _Plan, queue: List[int], skip_prefilling: bool) -> List[int]:
-        """Decode ``queue`` front to back, preempting from its back when a block is missing; returns the
-        running requests still in prefill that were passed over (Sarathi continues them after)."""
+    def _schedule_decodes(self, view: StepView, plan: _Plan, skip_prefilling: bool) -> List[int]:
+        """Decode the running list front to back, preempting from its back when a block is missing; returns
+        the running requests still in prefill that were passed over (Sarathi continues them after).
+
+        When the free blocks cover every request that needs one (``view.growing``), the walk would preempt
+        nobody: the decision is then ``decode_all`` without visiting each request."""
+        if len(view.growing) <= plan.free:
+            plan.free -= len(view.growing)
+            decoding = len(view.running) - len(view.prefilling)
+            plan.tokens += decoding
+            plan.d.decode_all = decoding > 0
+            if not view.prefilling:
+                return []
+            return [i for i in self._running(view) if i in view.prefilling]
+        queue = self._running(view)
         prefilling = []
         while queue:
             i = queue.pop(0)
@@ -119,7 +131,8 @@ class VLLM(StepPolicy):
             plan.num_seqs += 1
             plan.tokens += 1
             plan.d.swap_in.append(i)
-            plan.d.decode.append(i)
+            if not plan.d.decode_all:
+                plan.d.decode.append(i)
 
     def _schedule_prefills(self, view: StepView, plan: _Plan, budget: int, chunked: bool) -> None:
         for i in view.waiting:
@@ -149,7 +162,7 @@ class VLLM(StepPolicy):
             if plan.d.prefill:
                 return plan.d
         plan.tokens = 0
-        self._schedule_decodes(view, plan, self._running(view), skip_prefilling=False)
+        self._schedule_decodes(view, plan, skip_prefilling=False)
         if not plan.d.preempt:
             self._schedule_swapped(view, plan, budget)
         return plan.d
@@ -169,7 +182,7 @@ class Sarathi(VLLM):
     def step(self, view: StepView) -> Decision:
         plan = _Plan(view)
         budget = self.chunk_size
-        prefilling = self._schedule_decodes(view, plan, self._running(view), skip_prefilling=True)
+        prefilling = self._schedule_decodes(view, plan, skip_prefilling=True)
         for i in prefilling:  # victims come from behind the decode cursor, so none of these was preempted
             chunk = min(view.prefill_target[i] - view.prefilled[i], budget - plan.tokens)
             if chunk > 0:

@@ -266,8 +266,7 @@ def run_vidur_simulator(arch: ModelArch, hw: HardwareSpec, files: ProfileFiles, 
         del ExecutionTimePredictorRegistry.get  # back to the inherited BaseRegistry.get
     requests = [event._request for _, event in simulator._event_queue]
     # Vidur 0.0.26 bug: Request.restart() (vLLM recompute preemption) keeps the per-stage token counter, so the
-    # restarted request trips `assert _num_stage_processed_tokens <= total_tokens`. Reset it as restart intends,
-    # and count restarts (stock restart() never increments _num_restarts).
+    # restarted request trips `assert _num_stage_processed_tokens <= total_tokens`. Reset it as restart intends.
     from vidur.entities.request import Request as VidurRequest
 
     stock_restart = VidurRequest.restart
@@ -276,7 +275,6 @@ def run_vidur_simulator(arch: ModelArch, hw: HardwareSpec, files: ProfileFiles, 
         stock_restart(self)
         self._num_stage_processed_tokens = 0
         self._is_prefill_stage_complete = False
-        self._num_restarts += 1
 
     VidurRequest.restart = restart
     setup_s = time.perf_counter() - started

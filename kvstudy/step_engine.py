@@ -43,6 +43,8 @@ ITERATION_COLUMNS = ("start", "duration", "batch_size", "prefill_tokens", "decod
                      "capacity", "overflow", "cleared", "blocks_used", "blocks_reserved", "blocks_free",
                      "host_blocks", "swap_seconds", "chunk_tokens", "preempted_recompute", "preempted_swap",
                      "swapped_in")
+ITERATION_TYPES = (float, float, np.int64, np.int64, np.int64, np.int64, np.int64, bool, np.int64, np.int64, np.int64,
+                   np.int64, np.int64, float, np.int64, np.int64, np.int64, np.int64)
 
 
 class StepEngine:
@@ -65,6 +67,12 @@ class StepEngine:
         if not isinstance(d, Decision):
             raise PolicyError(f"policy '{name}' returned {type(d).__name__}, not a Decision")
         state, mem = self.state, self.memory
+        if not (d.preempt or d.swap_in or d.prefill or d.decode or d.reserve):  # the common decode-only step
+            if d.decode_all and mem.used + len(self.growing) > mem.num_blocks:
+                raise PolicyError(f"policy '{name}' decodes every running request, which needs "
+                                  f"{mem.used + len(self.growing)} KV blocks, more than the {mem.num_blocks} the "
+                                  f"cache has")
+            return
         seen = set()
 
         def once(i, what):
@@ -173,6 +181,7 @@ class StepEngine:
             elif mem.can_allocate(mem.blocks(s[i])) == NEVER:
                 state[i], reason[i] = REJECTED, (f"prompt of {s[i]} tokens needs {mem.blocks(s[i])} blocks; the "
                                                  f"watermark leaves {mem.num_blocks - mem.watermark_blocks}")
+        view = StepView(self, 0, 0.0)  # its containers are the engine's own: one view serves every step
         first_sched = [math.nan] * n
         first_token = [math.nan] * n
         last_token = [math.nan] * n
@@ -184,6 +193,7 @@ class StepEngine:
         recomputed, swapped_bytes = [0] * n, [0] * n
         log = []
         iteration_seconds = self.latency.iteration_seconds
+        swap_seconds, overlap = self.swap.seconds, self.swap.overlap
         t, step, nxt, no_token, completed = 0.0, 0, 0, 0, 0
         prefill_kv = 0  # KV tokens of running requests still in their prefill
         reserved_ids = set()  # requests given a reservation (their blocks can exceed their context)
@@ -208,7 +218,8 @@ class StepEngine:
             if step >= self.max_iterations:
                 status, message = "max_iterations", f"stopped after {step} iterations (engine.max_iterations)"
                 break
-            d = self.policy.step(StepView(self, step, t))
+            view.step, view.time = step, t
+            d = self.policy.step(view)
             self._check(d, name)
             # 1. preempt
             n_rec = n_swap = 0
@@ -284,13 +295,15 @@ class StepEngine:
                 decoders = d.decode
                 ctx_now = sum(s[i] + generated[i] - 1 for i in decoders)
             n_dec = len(decoders)
-            for i in (growing.intersection(decoders) if not d.decode_all else tuple(growing)):
-                mem.hold(i, (s[i] + generated[i] + bs - 1) // bs)
-                growing.discard(i)
-            for i, tokens in d.reserve.items():
-                mem.hold(i, mem.blocks(tokens))
-                reserved_ids.add(i)
-            swap_s = self.swap.seconds(out_blocks) + self.swap.seconds(in_blocks)
+            if growing:
+                for i in (tuple(growing) if d.decode_all else growing.intersection(decoders)):
+                    mem.hold(i, (s[i] + generated[i] + bs - 1) // bs)
+                    growing.discard(i)
+            if d.reserve:
+                for i, tokens in d.reserve.items():
+                    mem.hold(i, mem.blocks(tokens))
+                    reserved_ids.add(i)
+            swap_s = (swap_seconds(out_blocks) + swap_seconds(in_blocks)) if out_blocks or in_blocks else 0.0
             if not chunks and not n_dec:
                 t += swap_s  # copies take their time even when nothing computes
                 if not (d.preempt or d.swap_in or running or swapped) and nxt < n:
@@ -305,7 +318,7 @@ class StepEngine:
                     break
                 continue
             compute = float(iteration_seconds(chunks, n_dec, ctx_now))
-            dt = max(compute, swap_s) if self.swap.overlap else compute + swap_s
+            dt = max(compute, swap_s) if overlap else compute + swap_s
             end = t + dt
             # tokens: one per decoder, one per prefill whose last chunk ran
             finished, left_ctx = [], 0
@@ -386,12 +399,10 @@ class StepEngine:
     def _result(self, state, log, first_sched, first_token, completion, max_gap, pre_rec, pre_swap, fallbacks,
                 preempted_s, recomputed, swapped_bytes, reason, status, message) -> EngineResult:
         r, mem = self.r, self.memory
-        iterations = pd.DataFrame.from_records(log, columns=ITERATION_COLUMNS).astype(
-            {"start": float, "duration": float, "batch_size": np.int64, "prefill_tokens": np.int64,
-             "decode_tokens": np.int64, "kv_tokens_in_use": np.int64, "capacity": np.int64, "overflow": bool,
-             "cleared": np.int64, "blocks_used": np.int64, "blocks_reserved": np.int64, "blocks_free": np.int64,
-             "host_blocks": np.int64, "swap_seconds": float, "chunk_tokens": np.int64,
-             "preempted_recompute": np.int64, "preempted_swap": np.int64, "swapped_in": np.int64})
+        types = dict(zip(ITERATION_COLUMNS, ITERATION_TYPES))
+        columns = list(zip(*log)) if log else [()] * len(ITERATION_COLUMNS)
+        # column by column: much faster than DataFrame.from_records on 10^5+ tuples
+        iterations = pd.DataFrame({c: np.array(v, dtype=types[c]) for c, v in zip(ITERATION_COLUMNS, columns)})
         a, o = r.arrival_time, r.output_tokens
         first_token, completion = np.array(first_token), np.array(completion)
         done = state == DONE

@@ -10,7 +10,9 @@ from kvstudy import api
 from kvstudy.engine import Engine
 from kvstudy.latency.models import UnitLatency
 from kvstudy.policies.base import Policy, SchedulerView
+from kvstudy.policies.step import StepPolicy
 from tests.conftest import make_instance
+from tests.step_helpers import step_engine
 
 POLICIES = api.options("policy")
 
@@ -26,6 +28,9 @@ def instance(seed):
 
 
 def run(policy, req, seed=0):
+    if getattr(policy, "preemptive", False):  # memory=paged: the same 80 tokens in blocks of 4
+        return step_engine(req, policy, capacity=80, block_size=4, latency=UnitLatency(), stall_limit=200,
+                           seed=seed).run()
     policy.reset(seed)
     return Engine(req, req.output_tokens, policy, UnitLatency(), 80, stall_limit=200).run()
 
@@ -33,12 +38,12 @@ def run(policy, req, seed=0):
 @pytest.mark.parametrize("name", POLICIES)
 def test_builds_and_finishes(name):
     policy = build(name)
-    assert isinstance(policy, Policy) and policy.name
+    assert isinstance(policy, (Policy, StepPolicy)) and policy.name
     for seed in range(3):
         res = run(policy, instance(seed))
         # clear-all heuristics may legitimately cycle (the paper's "infinite loops"): that must end in a status
         assert res.status in ("completed", "no_progress"), res.message
-        if name in ("mcsf", "mc_benchmark", "fcfs_watermark"):
+        if name in ("mcsf", "mc_benchmark", "fcfs_watermark", "vllm", "sarathi"):
             assert res.status == "completed" and (res.requests["state"] == "done").all()
         ok = ~res.iterations["overflow"]
         assert (res.iterations.loc[ok, "kv_tokens_in_use"] <= 80).all()

@@ -1,0 +1,19 @@
+"""Building blocks for tests of the preemptive engine (memory=paged)."""
+from kvstudy.latency.models import LinearLatency
+from kvstudy.latency.tables import HardwareSpec
+from kvstudy.memory import PagedMemory
+from kvstudy.paths import load_model_arch
+from kvstudy.step_engine import StepEngine
+from kvstudy.swap_models import PcieSwap
+
+ARCH = load_model_arch("llama2_70b")
+HW = HardwareSpec("a100_tp2", "a100", "a100_pairwise_nvlink", 2)
+ONE_SECOND = LinearLatency(d0=1.0, d1=0.0)  # every iteration takes 1 s: times count iterations
+
+
+def step_engine(req, policy, capacity=16, block_size=4, watermark=0.0, swap_space_gb=4.0, latency=ONE_SECOND,
+                swap=None, stall_limit=100, seed=0):
+    policy.reset(seed)
+    memory = PagedMemory(capacity, block_size=block_size, watermark=watermark, swap_space_gb=swap_space_gb)
+    return StepEngine(req, req.output_tokens, policy, latency, memory, swap or PcieSwap(), ARCH, HW,
+                      stall_limit=stall_limit)

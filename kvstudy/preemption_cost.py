@@ -2,11 +2,12 @@
 
 * Recompute: re-running the prefill of S tokens, timed by the run's latency model (Vidur), in chunks of
   at most the trained chunk size (each chunk attends to the ones before it).
-* Swap: the request's KV bytes out to host memory and back over PCIe 4.0 x16. Every GPU moves its own
-  tensor-parallel shard over its own link at the same time, so the time is that of one shard:
-  ``2 * (S * kv_bytes_per_token_per_gpu / (pcie_gbps * efficiency) + layers * per_layer_overhead)``.
-  Efficiency 0.8 (pinned-memory copies reach ~25 GB/s of the 31.5 GB/s Gen4 x16 link) and a 10 us
-  overhead per layer and direction (vLLM issues one copy per layer) are documented assumptions.
+* Swap: the request's KV out to host memory and back, timed by the run's swap model (config group
+  ``swap``, ``kvstudy/swap_models.py``). ``pcie`` (default): PCIe 4.0 x16, every GPU moving its own
+  tensor-parallel shard at the same time, ``2 * (S * kv_bytes_per_token_per_gpu / (pcie_gbps * efficiency)
+  + layers * per_layer_overhead)``, efficiency 0.8 (pinned-memory copies reach ~25 GB/s of the 31.5 GB/s
+  Gen4 x16 link) and 10 us per layer and direction. ``vllm_blocks``: vLLM V0's copy per block of
+  ``memory.block_size`` tokens (default 16), rate fitted to vLLM PR 11531's measurements.
 
 CacheOPT's regressors are then fitted with scikit-learn to samples of both:
 
@@ -16,7 +17,8 @@ CacheOPT's regressors are then fitted with scikit-learn to samples of both:
 and the sweet spot S_s solves L_r(S) = L_s(S): swap above it, recompute below (CacheOPT O4; they
 measured ~4,000 tokens for OPT-13B on an A100, Fig. 8).
 
-``python -m kvstudy.preemption_cost model=opt_13b hardware=a100_tp1`` prints the fit and writes a plot.
+``python -m kvstudy.preemption_cost model=opt_13b hardware=a100_tp1 [swap=vllm_blocks]`` prints the fit and
+writes a plot.
 """
 from __future__ import annotations
 
@@ -31,15 +33,21 @@ from sklearn.linear_model import LinearRegression
 from kvstudy.arch import ModelArch
 from kvstudy.errors import cli_entry
 from kvstudy.latency.tables import HardwareSpec
+from kvstudy.swap_models import PcieSwap, SwapModel
 
-PCIE_EFFICIENCY = 0.8
-PER_LAYER_OVERHEAD_S = 10e-6
+def _bound(model: SwapModel, arch: ModelArch, hw: HardwareSpec, block_tokens: int) -> SwapModel:
+    per_gpu = arch.kv_bytes_per_token(hw.tensor_parallel) // max(1, hw.pipeline_parallel)
+    model.bind(arch.num_layers, hw.pipeline_parallel, hw.pcie_gbps, block_tokens * per_gpu)
+    return model
 
 
-def swap_seconds(arch: ModelArch, hw: HardwareSpec, tokens) -> np.ndarray:
-    per_gpu = np.asarray(tokens, float) * arch.kv_bytes_per_token(hw.tensor_parallel) / hw.pipeline_parallel
-    one_way = per_gpu / (hw.pcie_gbps * 1e9 * PCIE_EFFICIENCY) + (arch.num_layers / hw.pipeline_parallel) * PER_LAYER_OVERHEAD_S
-    return 2.0 * one_way
+def swap_seconds(arch: ModelArch, hw: HardwareSpec, tokens, model: Optional[SwapModel] = None,
+                 block_size: int = 16) -> np.ndarray:
+    """Out and back for requests of ``tokens`` KV tokens; ``model`` None: the PCIe model, token-granular."""
+    if model is None:
+        model, block_size = PcieSwap(), 1
+    model = _bound(model, arch, hw, block_size)
+    return np.array([2.0 * model.seconds(-(-int(s) // block_size)) for s in np.atleast_1d(tokens)])
 
 
 def recompute_seconds(latency, tokens: int, max_chunk: int) -> float:
@@ -92,15 +100,18 @@ def fit(sizes: np.ndarray, recompute: np.ndarray, swap: np.ndarray) -> Preemptio
                          "swap": float(np.mean(np.abs(cost.swap(s) / swap - 1)) * 100)}
     grid = np.arange(1, int(s.max()) * 4 + 1, dtype=float)
     diff = cost.recompute(grid) - cost.swap(grid)
-    crossing = np.flatnonzero((diff[:-1] < 0) & (diff[1:] >= 0))
+    # the first length where the cheaper strategy changes, in either direction (CacheOPT's O4 has recompute
+    # cheaper below and swap above; a slow copy path can give the reverse)
+    crossing = np.flatnonzero(np.sign(diff[:-1]) != np.sign(diff[1:]))
     cost.sweet_spot = float(grid[crossing[0] + 1]) if len(crossing) else None
     return cost
 
 
-def measure(latency, arch: ModelArch, hw: HardwareSpec, max_tokens: int, max_chunk: int, points: int = 40):
+def measure(latency, arch: ModelArch, hw: HardwareSpec, max_tokens: int, max_chunk: int, points: int = 40,
+            swap: Optional[SwapModel] = None, block_size: int = 16):
     sizes = np.unique(np.linspace(16, max_tokens, points).astype(int))
     rec = np.array([recompute_seconds(latency, int(n), max_chunk) for n in sizes])
-    return sizes, rec, swap_seconds(arch, hw, sizes)
+    return sizes, rec, swap_seconds(arch, hw, sizes, swap, block_size)
 
 
 def plot(sizes, rec, swp, cost: PreemptionCost, title: str, path: Path) -> None:
@@ -111,7 +122,7 @@ def plot(sizes, rec, swp, cost: PreemptionCost, title: str, path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(5, 3.5))
     ax.plot(sizes, rec * 1e3, "o", ms=3, label="recompute (Vidur prefill)")
-    ax.plot(sizes, swp * 1e3, "s", ms=3, label="swap out+in (PCIe)")
+    ax.plot(sizes, swp * 1e3, "s", ms=3, label="swap out+in")
     ax.plot(sizes, cost.recompute(sizes) * 1e3, "-", lw=1, label=f"L_r fit (beta={cost.beta_r:.2f})")
     ax.plot(sizes, cost.swap(sizes) * 1e3, "-", lw=1, label="L_s fit")
     if cost.sweet_spot:
@@ -128,7 +139,8 @@ def plot(sizes, rec, swp, cost: PreemptionCost, title: str, path: Path) -> None:
 
 def _describe_spot(cost: PreemptionCost, horizon: int) -> str:
     if cost.sweet_spot:
-        return f"{cost.sweet_spot:.0f} tokens"
+        below = cost.choose(max(1, int(cost.sweet_spot) - 1))
+        return f"{cost.sweet_spot:.0f} tokens ({below} below, {cost.choose(int(cost.sweet_spot) + 1)} above)"
     return f"none: {cost.choose(16)} is cheaper at every length from 16 to {horizon} tokens"
 
 
@@ -142,11 +154,14 @@ def main(argv=None) -> int:
         if arg.startswith("out="):
             out = Path(arg.split("=", 1)[1])
             argv.remove(arg)
-    arch, hw, capacity, latency = api.model_setup(api.compose(argv))
+    cfg = api.compose(argv)
+    arch, hw, capacity, latency = api.model_setup(cfg)
     max_tokens = min(8192, capacity)
-    sizes, rec, swp = measure(latency, arch, hw, max_tokens, arch.max_model_len)
+    swap = api._instantiate(cfg.swap)
+    sizes, rec, swp = measure(latency, arch, hw, max_tokens, arch.max_model_len, swap=swap,
+                              block_size=int(cfg.memory.get("block_size", 16)))
     cost = fit(sizes, rec, swp)
-    name = f"{arch.name}_{hw.name}"
+    name = f"{arch.name}_{hw.name}_{cfg.swap.name}"
     plot(sizes, rec, swp, cost, f"{arch.name} on {hw.name}", out / f"{name}.png")
     print(f"{name}: L_r(S) = {cost.alpha_r:.3g} S^{cost.beta_r:.2f} + {cost.kappa_r:.3g} S + {cost.eps_r:.3g}; "
           f"L_s(S) = {cost.gamma_s:.3g} S + {cost.delta_s:.3g}; fit MAPE {cost.fit_mape_pct}; "

@@ -245,3 +245,13 @@ def test_cli_runs_paged_policies(policy, tmp_path):
     run = api.load_run(tmp_path)
     assert {"blocks_used", "host_blocks", "swap_seconds", "chunk_tokens"} <= set(run.iterations.columns)
     assert {"preemptions_swap", "preempted_seconds", "recomputed_tokens", "swapped_bytes"} <= set(run.requests.columns)
+
+
+def test_sweet_spot_found_in_either_direction():
+    from kvstudy.preemption_cost import _describe_spot, fit
+
+    s = np.linspace(16, 8000, 40)
+    rec = 1e-4 * s + 0.02  # recompute cheaper above 200 tokens against this swap line
+    cost = fit(s, rec, 2e-4 * s + 0.0)
+    assert cost.sweet_spot is not None and 150 < cost.sweet_spot < 260
+    assert "swap below, recompute above" in _describe_spot(cost, 32000)

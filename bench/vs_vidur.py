@@ -1,7 +1,7 @@
 """kvstudy vs Vidur's own simulator on the same requests, model, hardware, profiles and trained predictor.
 
     python bench/vs_vidur.py agree [N]   # agreement table: vllm and sarathi vs Vidur's (Splitwise conv, N=10,000)
-    python bench/vs_vidur.py speed       # speed table: kvstudy vllm vs Vidur's vllm, 1k-100k requests
+    python bench/vs_vidur.py speed [WORKLOAD:N ...]   # speed: kvstudy vllm vs Vidur's vllm (default 1k-100k)
     python bench/vs_vidur.py --one ENGINE WORKLOAD N SCHEDULER MODE   (internal: one run in a fresh process)
 
 Both sides: Llama2-70B on a100_tp2, KV capacity 16,492 tokens in blocks of 16 (1,030 blocks), watermark 1%,
@@ -173,9 +173,10 @@ def agree(n: int) -> None:
               f"{v['run_seconds'] / k['run_seconds']:.1f}x) |")
 
 
-def speed() -> None:
-    plan = [("splitwise_conv", 1000), ("splitwise_conv", 10000), ("lmsys", 1000), ("lmsys", 10000),
-            ("lmsys", 100000)]
+def speed(plan=None) -> None:
+    """kvstudy (best of 3) and Vidur (once) back to back for each size: the machine's speed drifts."""
+    plan = plan or [("splitwise_conv", 1000), ("splitwise_conv", 10000), ("lmsys", 1000), ("lmsys", 10000),
+                    ("lmsys", 100000)]
     print("| workload | requests | kvstudy vllm run s | Vidur vllm run s | speed-up | kvstudy peak RSS MB | "
           "Vidur peak RSS MB |")
     print("|---|---|---|---|---|---|---|")
@@ -196,6 +197,7 @@ if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--one":
         print(json.dumps(one(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], sys.argv[6])))
     elif len(sys.argv) > 1 and sys.argv[1] == "speed":
-        speed()
+        sizes = [(w, int(k)) for w, k in (a.split(":") for a in sys.argv[2:])]  # e.g. splitwise_conv:10000
+        speed(sizes or None)
     else:
         agree(int(sys.argv[2]) if len(sys.argv) > 2 else 10000)

@@ -18,7 +18,8 @@ One iteration:
 
 Rejected up front, each with ``reject_reason``: a request whose prompt + output needs more blocks than
 the cache has (it would preempt itself forever), or whose prompt vLLM's ``can_allocate`` calls NEVER
-(fewer blocks than the watermark leaves). A run in which ``stall_limit`` iterations in a row produce no
+(fewer blocks than the watermark leaves); and, when preempted, a request whose recompute (prompt + generated
+tokens) can_allocate calls NEVER (vLLM ignores such a prompt). A run in which ``stall_limit`` iterations in a row produce no
 token ends ``no_progress``; a policy that runs nothing on an idle engine with nothing left to arrive
 ends ``stalled``.
 """
@@ -31,6 +32,7 @@ from typing import List
 import numpy as np
 import pandas as pd
 
+from kvstudy.decode_clock import DecodeClock
 from kvstudy.engine import DONE, FUTURE, REJECTED, RUNNING, WAITING, EngineResult, PolicyError
 from kvstudy.memory.paged import NEVER, PagedMemory
 from kvstudy.policies.step import RECOMPUTE, SWAP, Decision, StepPolicy, StepView
@@ -45,6 +47,16 @@ ITERATION_COLUMNS = ("start", "duration", "batch_size", "prefill_tokens", "decod
                      "swapped_in")
 ITERATION_TYPES = (float, float, np.int64, np.int64, np.int64, np.int64, np.int64, bool, np.int64, np.int64, np.int64,
                    np.int64, np.int64, float, np.int64, np.int64, np.int64, np.int64)
+
+
+class _Generated:
+    """``view.generated[i]``: tokens request i has produced, read through the decode clock."""
+
+    def __init__(self, clock: DecodeClock) -> None:
+        self._clock = clock
+
+    def __getitem__(self, i: int) -> int:
+        return self._clock.generated(i)
 
 
 class StepEngine:
@@ -152,52 +164,145 @@ class StepEngine:
             raise PolicyError(f"policy '{name}' needs {mem.used - freed + need} KV blocks after its decision, more "
                               f"than the {mem.num_blocks} the cache has")
 
+    # --- per-request events (few per iteration) -------------------------------------------------------------
+    def _preempt(self, i: int, mode: str, t: float) -> str:
+        """Stop running request i: its KV goes to host space (swap) or is dropped (recompute)."""
+        mem, s = self.memory, self.s_list
+        self.running.remove(i)
+        self.preempted_at[i] = t
+        if i in self.prefilling:
+            g = self.clock.gen[i]
+        else:
+            g = self.clock.stop(i) if self.clock.on[i] else self.clock.gen[i]
+            self.decode_ctx -= s[i] + g - 1
+        held = mem.held(i)
+        # swap only if the request can come back: host room, and can_swap_in (its blocks + 1 above the watermark)
+        # not NEVER-like on an empty cache; else it is recomputed (vLLM would keep it swapped out forever)
+        if mode == SWAP and mem.host_has_room(held) and mem.num_blocks - (held + 1) >= mem.watermark_blocks:
+            blocks = mem.swap_out(i)
+            self.moved_out += blocks
+            self.swapped_bytes[i] += blocks * self.block_bytes_all
+            self.state[i] = SWAPPED
+            self.swapped.append(i)
+            self.pre_swap[i] += 1
+            return SWAP
+        if mode == SWAP:
+            self.fallbacks[i] += 1
+        if i in self.prefilling:
+            self.recomputed[i] += self.prefilled[i]
+            self.prefill_kv -= self.prefilled[i]
+            self.prefilling.discard(i)
+        else:
+            self.recomputed[i] += s[i] + g - 1
+        mem.release(i)
+        self.prefilled[i] = 0
+        self.target[i] = s[i] + g
+        self.state[i] = WAITING
+        self.pre_rec[i] += 1
+        if mem.can_allocate(mem.blocks(s[i] + g)) == NEVER:  # vLLM ignores such a prompt: it could never return
+            self.state[i] = REJECTED
+            self.reason[i] = (f"recompute after preemption needs {mem.blocks(s[i] + g)} blocks for prompt + "
+                              f"generated = {s[i] + g} tokens; the watermark leaves "
+                              f"{mem.num_blocks - mem.watermark_blocks}")
+        return RECOMPUTE
+
+    def _resumed(self, i: int, t: float) -> None:
+        if self.preempted_at[i] == self.preempted_at[i]:
+            self.preempted_s[i] += t - self.preempted_at[i]
+            self.preempted_at[i] = math.nan
+
+    def _swap_in(self, i: int, t: float) -> None:
+        mem, g = self.memory, self.clock.gen[i]
+        self.swapped.remove(i)
+        blocks = mem.swap_in(i)
+        self.moved_in += blocks
+        self.swapped_bytes[i] += blocks * self.block_bytes_all
+        mem.hold(i, mem.blocks(self.s_list[i] + g))  # the block its next token needs, if any
+        self._resumed(i, t)
+        self.state[i] = RUNNING
+        self.running.append(i)
+        self.decode_ctx += self.s_list[i] + g - 1
+
+    def _start_prefill(self, i: int, t: float) -> None:
+        mem = self.memory
+        self.waiting.remove(i)  # usually the head: deque.remove is O(position)
+        self.state[i] = RUNNING
+        self.running.append(i)
+        self.prefilling.add(i)
+        self.target[i] = self.s_list[i] + self.clock.gen[i]
+        self.prefilled[i] = 0
+        mem.hold(i, mem.blocks(self.target[i]))
+        if self.first_sched[i] != self.first_sched[i]:
+            self.first_sched[i] = t
+        self._resumed(i, t)
+
+    def _token(self, i: int, end: float) -> None:
+        """Request i (off the clock) produced a token at ``end``."""
+        if self.first_token[i] != self.first_token[i]:
+            self.first_token[i] = end
+        else:
+            gap = end - self.last_token[i]
+            if gap > self.max_gap[i]:
+                self.max_gap[i] = gap
+        self.last_token[i] = end
+
+    def _reserved_blocks(self) -> int:
+        """Blocks held beyond the running requests' contexts (chunked prefills, reservations)."""
+        gpu, bs, s = self.memory.gpu, self.memory.block_size, self.s_list
+        reserved = 0
+        for i in self.prefilling.union(self.reserved_ids.intersection(self.running)):
+            ctx = self.prefilled[i] if i in self.prefilling else s[i] + self.clock.generated(i) - 1
+            reserved += gpu[i] - (ctx + bs - 1) // bs
+        return reserved
+
     # --- the loop ------------------------------------------------------------------------------------------
-    def run(self) -> EngineResult:
+    def _setup(self) -> None:
         r, n, mem = self.r, len(self.r), self.memory
-        name = getattr(self.policy, "name", type(self.policy).__name__)
-        s = self.s_list = r.prompt_tokens.tolist()
-        o = r.output_tokens.tolist()
-        a = self.a_list = r.arrival_time.tolist()
+        self.s_list = s = r.prompt_tokens.tolist()
+        self.o_list = o = r.output_tokens.tolist()
+        self.a_list = r.arrival_time.tolist()
         self.pred_list = self.pred.tolist()
         self.id_list = r.request_id.tolist()
         kv_per_gpu = self.arch.kv_bytes_per_token(self.hw.tensor_parallel) // max(1, self.hw.pipeline_parallel)
         mem.bind(kv_per_gpu)
         self.swap.bind(self.arch.num_layers, self.hw.pipeline_parallel, self.hw.pcie_gbps, mem.block_bytes_per_gpu)
-        block_bytes_all = mem.block_size * self.arch.kv_bytes_per_token(1)
-        state = self.state = np.full(n, FUTURE, dtype=np.int8)
-        self.generated = generated = [0] * n
-        self.prefilled = prefilled = [0] * n
-        self.target = target = [s[i] for i in range(n)]
-        self.waiting, self.running, self.swapped = waiting, running, swapped = deque(), [], deque()
-        self.prefilling, self.growing = prefilling_set, growing = set(), set()
-        bs, gpu = mem.block_size, mem.gpu
-        reason = [""] * n
+        self.block_bytes_all = mem.block_size * self.arch.kv_bytes_per_token(1)
+        self.state = state = np.full(n, FUTURE, dtype=np.int8)
+        self.first_sched, self.first_token, self.completion = [math.nan] * n, [math.nan] * n, [math.nan] * n
+        self.last_token, self.max_gap = [math.nan] * n, [0.0] * n
+        self.clock = DecodeClock(n, s, o, mem.block_size, mem.gpu, self.last_token, self.max_gap)
+        self.generated = _Generated(self.clock)
+        self.prefilled, self.target = [0] * n, list(s)
+        self.waiting, self.running, self.swapped = deque(), [], deque()
+        self.prefilling, self.growing, self.reserved_ids = set(), set(), set()
+        self.pre_rec, self.pre_swap, self.fallbacks = [0] * n, [0] * n, [0] * n
+        self.preempted_at, self.preempted_s = [math.nan] * n, [0.0] * n
+        self.recomputed, self.swapped_bytes = [0] * n, [0] * n
+        self.decode_ctx = 0  # sum of s + generated - 1 over running requests past their prefill (cached contexts)
+        self.prefill_kv = 0  # KV tokens of running requests still in their prefill
+        self.reason = [""] * n
         for i in range(n):
             if mem.blocks(s[i] + o[i]) > mem.num_blocks:
-                state[i], reason[i] = REJECTED, (f"prompt + output = {s[i] + o[i]} tokens needs "
-                                                 f"{mem.blocks(s[i] + o[i])} blocks, more than the cache's "
-                                                 f"{mem.num_blocks}")
+                state[i], self.reason[i] = REJECTED, (f"prompt + output = {s[i] + o[i]} tokens needs "
+                                                      f"{mem.blocks(s[i] + o[i])} blocks, more than the cache's "
+                                                      f"{mem.num_blocks}")
             elif mem.can_allocate(mem.blocks(s[i])) == NEVER:
-                state[i], reason[i] = REJECTED, (f"prompt of {s[i]} tokens needs {mem.blocks(s[i])} blocks; the "
-                                                 f"watermark leaves {mem.num_blocks - mem.watermark_blocks}")
+                state[i], self.reason[i] = REJECTED, (f"prompt of {s[i]} tokens needs {mem.blocks(s[i])} blocks; "
+                                                      f"the watermark leaves {mem.num_blocks - mem.watermark_blocks}")
+
+    def run(self) -> EngineResult:
+        self._setup()
+        n, mem, clock = len(self.r), self.memory, self.clock
+        name = getattr(self.policy, "name", type(self.policy).__name__)
+        s, o, a = self.s_list, self.o_list, self.a_list
+        state, waiting, running, swapped = self.state, self.waiting, self.running, self.swapped
+        prefilling, growing, prefilled, target = self.prefilling, self.growing, self.prefilled, self.target
+        bs, num_blocks = mem.block_size, mem.num_blocks
         view = StepView(self, 0, 0.0)  # its containers are the engine's own: one view serves every step
-        first_sched = [math.nan] * n
-        first_token = [math.nan] * n
-        last_token = [math.nan] * n
-        max_gap = [0.0] * n
-        completion = [math.nan] * n
-        pre_rec, pre_swap, fallbacks = [0] * n, [0] * n, [0] * n
-        preempted_at = [math.nan] * n
-        preempted_s = [0.0] * n
-        recomputed, swapped_bytes = [0] * n, [0] * n
         log = []
         iteration_seconds = self.latency.iteration_seconds
         swap_seconds, overlap = self.swap.seconds, self.swap.overlap
         t, step, nxt, no_token, completed = 0.0, 0, 0, 0, 0
-        prefill_kv = 0  # KV tokens of running requests still in their prefill
-        reserved_ids = set()  # requests given a reservation (their blocks can exceed their context)
-        decode_ctx = 0  # sum of s + generated - 1 over running requests past their prefill (cached contexts)
         status, message = "completed", ""
         bar = None
         if self.progress:
@@ -218,92 +323,56 @@ class StepEngine:
             if step >= self.max_iterations:
                 status, message = "max_iterations", f"stopped after {step} iterations (engine.max_iterations)"
                 break
+            if growing:
+                growing.clear()
+            if clock.grow_at.get(clock.D):
+                growing.update(clock.growing())
             view.step, view.time = step, t
             d = self.policy.step(view)
             self._check(d, name)
-            # 1. preempt
-            n_rec = n_swap = 0
-            out_blocks = in_blocks = 0
+            # 1. preempt; vLLM's waiting.extendleft(preempted): the last victim (the earliest admitted) ends first
+            self.moved_out = self.moved_in = n_rec = 0
             for i, mode in d.preempt:
-                running.remove(i)
-                growing.discard(i)
-                preempted_at[i] = t
-                if i not in prefilling_set:
-                    decode_ctx -= s[i] + generated[i] - 1
-                if mode == SWAP and mem.host_has_room(mem.held(i)):
-                    blocks = mem.swap_out(i)
-                    out_blocks += blocks
-                    swapped_bytes[i] += blocks * block_bytes_all
-                    state[i] = SWAPPED
-                    swapped.append(i)
-                    pre_swap[i] += 1
-                    n_swap += 1
-                else:
-                    if mode == SWAP:
-                        fallbacks[i] += 1
-                    if i in prefilling_set:
-                        recomputed[i] += prefilled[i]
-                        prefill_kv -= prefilled[i]
-                        prefilling_set.discard(i)
-                    else:
-                        recomputed[i] += s[i] + generated[i] - 1
-                    mem.release(i)
-                    prefilled[i] = 0
-                    target[i] = s[i] + generated[i]
-                    state[i] = WAITING
-                    pre_rec[i] += 1
-                    n_rec += 1
-            # vLLM's waiting.extendleft(preempted): the last victim (the earliest admitted) ends up first
-            waiting.extendleft(i for i, _ in d.preempt if state[i] == WAITING)
-            # 2. swap in (the request decodes from here on)
+                n_rec += self._preempt(i, mode, t) == RECOMPUTE
+            if d.preempt:
+                waiting.extendleft(i for i, _ in d.preempt if state[i] == WAITING)
+            # 2. swap in; 3. prefills start (timed with the context before each chunk)
             for i in d.swap_in:
-                swapped.remove(i)
-                blocks = mem.swap_in(i)
-                in_blocks += blocks
-                swapped_bytes[i] += blocks * block_bytes_all
-                preempted_s[i] += t - preempted_at[i]
-                preempted_at[i] = math.nan
-                state[i] = RUNNING
-                running.append(i)
-                decode_ctx += s[i] + generated[i] - 1
-                if (s[i] + generated[i] + bs - 1) // bs > blocks:
-                    growing.add(i)
-            # 3. prefill chunks (timed with the context before them)
+                self._swap_in(i, t)
             chunks, partial = [], 0
             for i, chunk in d.prefill:
                 if state[i] == WAITING:
-                    waiting.remove(i)  # usually the head: deque.remove is O(position)
-                    state[i] = RUNNING
-                    running.append(i)
-                    prefilling_set.add(i)
-                    target[i] = s[i] + generated[i]
-                    prefilled[i] = 0
-                    mem.hold(i, mem.blocks(target[i]))
-                    if first_sched[i] != first_sched[i]:
-                        first_sched[i] = t
-                    if preempted_at[i] == preempted_at[i]:
-                        preempted_s[i] += t - preempted_at[i]
-                        preempted_at[i] = math.nan
+                    self._start_prefill(i, t)
                 chunks.append((chunk, prefilled[i]))
                 if prefilled[i] + chunk < target[i]:
                     partial += chunk
-            # 4. who decodes: every running request past its prefill (decode_all), or the list given
+            # 4. who decodes: every running request past its prefill (decode_all, on the clock), or a list
+            listed = bool(d.decode)  # some requests named one by one (else all of them, or none: prefill only)
             if d.decode_all:
-                decoders = [i for i in running if i not in prefilling_set] if prefilling_set else list(running)
-                ctx_now = decode_ctx
+                for i in d.swap_in:
+                    clock.start(i, clock.gen[i])
+                n_dec = len(running) - len(prefilling)
+                ctx_now = self.decode_ctx
+                grew = [i for i in growing if clock.on[i]]  # preempted ones are off the clock
+                for i in grew:
+                    mem.hold(i, (s[i] + clock.generated(i) + bs - 1) // bs)
+                clock.grown(grew)
+            elif not listed:
+                n_dec, ctx_now = 0, 0
             else:
-                decoders = d.decode
-                ctx_now = sum(s[i] + generated[i] - 1 for i in decoders)
-            n_dec = len(decoders)
-            if growing:
-                for i in (tuple(growing) if d.decode_all else growing.intersection(decoders)):
-                    mem.hold(i, (s[i] + generated[i] + bs - 1) // bs)
-                    growing.discard(i)
+                for i in [i for i in running if clock.on[i]]:
+                    clock.stop(i)  # an iteration that decodes only some: everyone off the clock, counted one by one
+                n_dec = len(d.decode)
+                ctx_now = sum(s[i] + clock.gen[i] - 1 for i in d.decode)
+                for i in d.decode:
+                    mem.hold(i, (s[i] + clock.gen[i] + bs - 1) // bs)
             if d.reserve:
                 for i, tokens in d.reserve.items():
                     mem.hold(i, mem.blocks(tokens))
-                    reserved_ids.add(i)
-            swap_s = (swap_seconds(out_blocks) + swap_seconds(in_blocks)) if out_blocks or in_blocks else 0.0
+                    self.reserved_ids.add(i)
+                    clock.reschedule_growth(i)
+            moved = self.moved_out or self.moved_in
+            swap_s = (swap_seconds(self.moved_out) + swap_seconds(self.moved_in)) if moved else 0.0
             if not chunks and not n_dec:
                 t += swap_s  # copies take their time even when nothing computes
                 if not (d.preempt or d.swap_in or running or swapped) and nxt < n:
@@ -321,61 +390,57 @@ class StepEngine:
             dt = max(compute, swap_s) if overlap else compute + swap_s
             end = t + dt
             # tokens: one per decoder, one per prefill whose last chunk ran
-            finished, left_ctx = [], 0
-            decode_ctx += n_dec
-            for i in decoders:
-                g = generated[i] + 1
-                generated[i] = g
-                gap = end - last_token[i]
-                if gap > max_gap[i]:
-                    max_gap[i] = gap
-                last_token[i] = end
-                if g == o[i]:
-                    finished.append(i)
-                    left_ctx += s[i] + g - 1
-                elif (s[i] + g + bs - 1) // bs > gpu[i]:
-                    growing.add(i)
-            done_at_prefill, produced = 0, n_dec
+            self.decode_ctx += n_dec
+            finished = []
+            if d.decode_all:
+                finished = clock.tick(end)
+                for i in finished:
+                    clock.stop(i)
+            elif listed:
+                for i in d.decode:
+                    clock.gen[i] += 1
+                    self._token(i, end)
+                    if clock.gen[i] == o[i]:
+                        finished.append(i)
+            left_ctx = sum(s[i] + o[i] - 1 for i in finished) if finished else 0
+            done_at_prefill, produced, prefill_tokens = 0, n_dec, 0
             for i, chunk in d.prefill:
                 p = prefilled[i] + chunk
                 prefilled[i] = p
-                prefill_kv += chunk
+                prefill_tokens += chunk
+                self.prefill_kv += chunk
                 if p == target[i]:
-                    prefilling_set.discard(i)
-                    prefill_kv -= p
+                    prefilling.discard(i)
+                    self.prefill_kv -= p
                     produced += 1
-                    g = generated[i] + 1
-                    generated[i] = g
-                    if first_token[i] != first_token[i]:
-                        first_token[i] = end
-                    else:
-                        gap = end - last_token[i]
-                        if gap > max_gap[i]:
-                            max_gap[i] = gap
-                    last_token[i] = end
-                    if g == o[i]:
+                    clock.gen[i] += 1
+                    self._token(i, end)
+                    if clock.gen[i] == o[i]:
                         finished.append(i)
                         done_at_prefill += p
                     else:
-                        decode_ctx += p  # = s + g - 1: it decodes from the next iteration
-                        if (s[i] + g + bs - 1) // bs > gpu[i]:
-                            growing.add(i)
+                        self.decode_ctx += p  # = s + generated - 1: it decodes from the next iteration
+            if listed:  # back on the clock, all who decode from here on
+                for i in running:
+                    if i not in prefilling and state[i] == RUNNING and clock.gen[i] < o[i]:
+                        clock.start(i, clock.gen[i])
+            else:
+                for i, _ in d.prefill:
+                    if i not in prefilling and clock.gen[i] < o[i]:
+                        clock.start(i, clock.gen[i])
             # KV held during this iteration (before completions free it), and blocks held beyond it
-            reserved = 0
-            if prefilling_set or reserved_ids:
-                for i in prefilling_set.union(reserved_ids.intersection(running)):
-                    ctx = prefilled[i] if i in prefilling_set else s[i] + generated[i] - 1
-                    reserved += gpu[i] - (ctx + bs - 1) // bs
-            log.append((t, dt, len(chunks) + n_dec, sum(c for c, _ in chunks), n_dec,
-                        decode_ctx + prefill_kv + done_at_prefill, mem.capacity_tokens, False, n_rec + n_swap,
-                        mem.used, reserved, mem.free, mem.host_used, swap_s, partial, n_rec, n_swap, len(d.swap_in)))
-            decode_ctx -= left_ctx
+            reserved = self._reserved_blocks() if prefilling or self.reserved_ids else 0
+            log.append((t, dt, len(chunks) + n_dec, prefill_tokens, n_dec,
+                        self.decode_ctx + self.prefill_kv + done_at_prefill, mem.capacity_tokens, False,
+                        len(d.preempt), mem.used, reserved, num_blocks - mem.used, mem.host_used, swap_s, partial, n_rec,
+                        len(d.preempt) - n_rec, len(d.swap_in)))
+            self.decode_ctx -= left_ctx
             for i in finished:
-                completion[i] = end
+                self.completion[i] = end
                 state[i] = DONE
                 running.remove(i)
                 mem.release(i)
-                reserved_ids.discard(i)
+                self.reserved_ids.discard(i)
             completed += len(finished)
             if bar is not None and finished:
                 bar.n = completed
@@ -390,15 +455,19 @@ class StepEngine:
                 break
         if bar is not None:
             bar.close()
+        for i in running:  # a run stopped early: tokens of requests still on the clock
+            if clock.on[i]:
+                clock.stop(i)
         rejected = int((state == REJECTED).sum())
         if status == "completed" and rejected:
             message = f"{rejected} request(s) rejected (see reject_reason)"
-        return self._result(state, log, first_sched, first_token, completion, max_gap, pre_rec, pre_swap, fallbacks,
-                            preempted_s, recomputed, swapped_bytes, reason, status, message)
+        return self._result(log, status, message)
 
-    def _result(self, state, log, first_sched, first_token, completion, max_gap, pre_rec, pre_swap, fallbacks,
-                preempted_s, recomputed, swapped_bytes, reason, status, message) -> EngineResult:
-        r, mem = self.r, self.memory
+    def _result(self, log, status, message) -> EngineResult:
+        r, mem, state = self.r, self.memory, self.state
+        first_sched, first_token, completion, max_gap = self.first_sched, self.first_token, self.completion, self.max_gap
+        pre_rec, pre_swap, fallbacks, preempted_s = self.pre_rec, self.pre_swap, self.fallbacks, self.preempted_s
+        recomputed, swapped_bytes, reason = self.recomputed, self.swapped_bytes, self.reason
         types = dict(zip(ITERATION_COLUMNS, ITERATION_TYPES))
         columns = list(zip(*log)) if log else [()] * len(ITERATION_COLUMNS)
         # column by column: much faster than DataFrame.from_records on 10^5+ tuples

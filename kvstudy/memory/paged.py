@@ -12,7 +12,8 @@
   a new allocation.
 * Host swap space: ``swap_space_gb`` GiB per GPU (vLLM's default 4), in blocks of one GPU's shard
   (``block_size * kv_bytes_per_token / tensor_parallel`` bytes). When it is full a swap-out is not possible;
-  the engine then recomputes instead and counts it (``swap_fallbacks``).
+  the engine then recomputes instead and counts it (``swap_fallbacks``), as it does for a request too large
+  to ever pass ``can_swap_in`` again.
 
 The engine owns one ``PagedMemory`` per run: it is the only code that changes these counters, after
 validating a policy's decision against them.

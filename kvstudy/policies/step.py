@@ -59,6 +59,7 @@ class StepView:
         self.prompt, self.predicted, self.arrival = engine.s_list, engine.pred_list, engine.a_list
         self.generated, self.prefilled, self.prefill_target = engine.generated, engine.prefilled, engine.target
         self.request_id = engine.id_list
+        self._waiting_generated = engine.clock.gen  # exact for requests off the decode clock (all but decoders)
         self.max_model_len = engine.max_model_len
         #: running requests whose prefill is unfinished (Sarathi continues them in chunks)
         self.prefilling = engine.prefilling
@@ -74,7 +75,7 @@ class StepView:
 
     def prefill_blocks(self, i: int) -> int:
         """Blocks a waiting request takes when its prefill starts (vLLM allocates the whole prompt)."""
-        return self.memory.blocks(self.prompt[i] + self.generated[i])
+        return -(-(self.prompt[i] + self._waiting_generated[i]) // self.memory.block_size)
 
 
 class StepPolicy:

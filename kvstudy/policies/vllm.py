@@ -33,11 +33,12 @@ from kvstudy.policies.step import RECOMPUTE, SWAP, Decision, StepPolicy, StepVie
 
 
 class _Plan:
-    """A policy's running tally of one step: free blocks, host blocks, batched tokens, running count."""
+    """A policy's running tally of one step: free blocks, batched tokens, running count."""
+
+    __slots__ = ("free", "tokens", "num_seqs", "d")
 
     def __init__(self, view: StepView) -> None:
         self.free = view.memory.free
-        self.host_free = view.memory.host_blocks_total - view.memory.host_used
         self.tokens = 0
         self.num_seqs = len(view.running)
         self.d = Decision()
@@ -99,13 +100,13 @@ class VLLM(StepPolicy):
                 return []
             return [i for i in self._running(view) if i in view.prefilling]
         queue = self._running(view)
-        prefilling = []
+        prefilling, growing, decoded = [], view.growing, 0
         while queue:
             i = queue.pop(0)
             if skip_prefilling and view.in_prefill(i):
                 prefilling.append(i)
                 continue
-            need = view.decode_blocks_needed(i)
+            need = view.decode_blocks_needed(i) if i in growing else 0  # only a growing request needs a block
             while plan.free < need:
                 if queue:
                     self._preempt(view, plan, queue.pop())
@@ -114,8 +115,10 @@ class VLLM(StepPolicy):
                     break
             else:
                 plan.free -= need
-                plan.tokens += 1
-                plan.d.decode.append(i)
+                decoded += 1
+        # every request the walk did not preempt decodes: that is decode_all after the preemptions
+        plan.tokens += decoded
+        plan.d.decode_all = decoded > 0
         return prefilling
 
     def _schedule_swapped(self, view: StepView, plan: _Plan, budget: int) -> None:

@@ -1,0 +1,93 @@
+"""Tokens of the requests that decode in every iteration, counted without visiting each request per step.
+
+In vLLM's and Sarathi's schedules every running request past its prefill decodes in every iteration that
+decodes at all (a ``decode_all`` decision). The clock counts those iterations (``D``); a request that
+joined it at count ``cb[i]`` with ``gen[i]`` tokens has ``gen[i] + D - cb[i]`` tokens now. Its next
+completion and its next block boundary are known in advance, so they are kept in buckets keyed by the
+count at which they happen: an iteration costs O(1) plus the requests that finish or grow in it, not
+O(running). The time of every counted iteration's tokens is kept (``ends``), so each request's largest
+gap between tokens is computed when it leaves the clock (preempted, finished, or an iteration that
+decodes only some requests), from the range of iterations it decoded in.
+
+Bucket entries are never removed when a request leaves; each is checked against the request's state when
+its count comes (a stale entry fails the check or repeats a valid one, and duplicates are dropped).
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+
+class DecodeClock:
+    def __init__(self, n: int, prompt, output, block_size: int, held: dict, last_token: list, max_gap: list) -> None:
+        self.D = 0
+        self.gen = [0] * n
+        self.cb = [0] * n
+        self.on = [False] * n
+        self.count = 0
+        self.s, self.o, self.bs, self.held = prompt, output, block_size, held
+        self.last_token, self.max_gap = last_token, max_gap
+        self.ends = []  # ends[k]: token time of the counted iteration that took D from k to k + 1
+        self.gaps = []  # gaps[k] = ends[k] - ends[k - 1] (gaps[0] unused)
+        self.finish_at = defaultdict(list)  # D after the iteration -> requests producing their last token
+        self.grow_at = defaultdict(list)  # D before the iteration -> requests needing a block to decode
+
+    def generated(self, i: int) -> int:
+        return self.gen[i] + self.D - self.cb[i] if self.on[i] else self.gen[i]
+
+    def _next_growth(self, i: int, g: int) -> None:
+        """Schedule the first count at which request i (g tokens now) needs a block beyond what it holds."""
+        g_star = max(g, self.held.get(i, 0) * self.bs - self.s[i] + 1)
+        if g_star < self.o[i]:  # the last decode runs with o - 1 tokens
+            self.grow_at[self.D + g_star - g].append(i)
+
+    def start(self, i: int, g: int) -> None:
+        """Request i, with g tokens, decodes in every counted iteration from now on."""
+        self.gen[i], self.cb[i], self.on[i] = g, self.D, True
+        self.count += 1
+        self.finish_at[self.D + self.o[i] - g].append(i)
+        self._next_growth(i, g)
+
+    def stop(self, i: int) -> int:
+        """Request i leaves the clock: its tokens and token gaps are written back; returns its tokens."""
+        cb, D = self.cb[i], self.D
+        if D > cb:
+            first = self.ends[cb] - self.last_token[i]
+            worst = max(first, max(self.gaps[cb + 1:D])) if D - cb > 1 else first
+            if worst > self.max_gap[i]:
+                self.max_gap[i] = worst
+            self.last_token[i] = self.ends[D - 1]
+        g = self.gen[i] + D - cb
+        self.gen[i], self.on[i] = g, False
+        self.count -= 1
+        return g
+
+    def growing(self) -> set:
+        """Requests that need one more block to decode in this count's iteration."""
+        due = self.grow_at.get(self.D)
+        if not due:
+            return set()
+        held, s, bs = self.held, self.s, self.bs
+        return {i for i in due if self.on[i] and s[i] + self.gen[i] + self.D - self.cb[i] > held.get(i, 0) * bs}
+
+    def grown(self, grew) -> None:
+        """The requests in ``grew`` took their block in this count's iteration: schedule their next one."""
+        self.grow_at.pop(self.D, None)
+        for i in grew:
+            self._next_growth(i, self.gen[i] + self.D - self.cb[i])
+
+    def reschedule_growth(self, i: int) -> None:
+        """Request i's holding changed (a reservation): its next boundary moves."""
+        if self.on[i]:
+            self._next_growth(i, self.generated(i))
+
+    def tick(self, end: float) -> list:
+        """A counted iteration ended at ``end``: every clocked request produced a token. Returns the
+        requests whose last token that was (still on the clock; the caller stops them)."""
+        self.gaps.append(end - self.ends[-1] if self.ends else 0.0)
+        self.ends.append(end)
+        self.D += 1
+        due = self.finish_at.pop(self.D, None)
+        if not due:
+            return []
+        o, D = self.o, self.D
+        return list({i for i in due if self.on[i] and self.gen[i] + D - self.cb[i] == o[i]})

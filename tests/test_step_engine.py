@@ -96,11 +96,11 @@ class ForcedWalk(VLLM):
 
     def step(self, view):
         d = super().step(view)
-        if d.decode_all:
-            d.decode_all = False
-            swapped_in = set(d.swap_in)
-            d.decode = [i for i in view.running if i not in view.prefilling and i not in {v for v, _ in d.preempt}]
-            d.decode += [i for i in d.swap_in if i in swapped_in]
+        if d.decode_all:  # a new Decision: the one returned may be shared (DECODE_ALL)
+            preempted = {v for v, _ in d.preempt}
+            decode = [i for i in view.running if i not in view.prefilling and i not in preempted] + list(d.swap_in)
+            d = Decision(preempt=list(d.preempt), swap_in=list(d.swap_in), prefill=list(d.prefill), decode=decode,
+                         reserve=dict(d.reserve))
         return d
 
 
@@ -214,8 +214,8 @@ def test_mode_the_memory_model_cannot_do():
     class Swapper(VLLM):
         def step(self, view):
             d = super().step(view)
-            d.preempt = [(i, "offload") for i, _ in d.preempt]
-            return d
+            return Decision(preempt=[(i, "offload") for i, _ in d.preempt], swap_in=d.swap_in, prefill=d.prefill,
+                            decode=d.decode, decode_all=d.decode_all, reserve=d.reserve)
 
     with pytest.raises(PolicyError, match="mode 'offload' is not one memory=paged can do"):
         step_engine(two_requests(), Swapper()).run()

@@ -15,6 +15,8 @@ policy answers with a :class:`Decision` naming everything that happens in the it
 * ``reserve``: optional ``{request: tokens}`` to hold for a request beyond its context (RLP, S3 and
   CacheOPT allocate up front); without it a request holds the blocks its context needs.
 
+A decision may be shared between steps (vLLM's ``DECODE_ALL``): the engine never changes one.
+
 The engine, not the policy, owns time and the KV accounting: it validates every decision (states, ids
 named once, modes the memory model can do, GPU blocks and host space) and carries it out in the order
 preempt, swap in, prefill, decode. The view's containers are the engine's own (no copy per iteration):
@@ -31,7 +33,7 @@ import numpy as np
 RECOMPUTE, SWAP = "recompute", "swap"
 
 
-@dataclass
+@dataclass(slots=True)
 class Decision:
     preempt: List[Tuple[int, str]] = field(default_factory=list)
     swap_in: List[int] = field(default_factory=list)
@@ -59,7 +61,8 @@ class StepView:
         self.prompt, self.predicted, self.arrival = engine.s_list, engine.pred_list, engine.a_list
         self.generated, self.prefilled, self.prefill_target = engine.generated, engine.prefilled, engine.target
         self.request_id = engine.id_list
-        self._waiting_generated = engine.clock.gen  # exact for requests off the decode clock (all but decoders)
+        #: tokens generated, exact for requests off the decode clock (waiting, swapped, in prefill): a plain list
+        self.waiting_generated = engine.clock.gen
         self.max_model_len = engine.max_model_len
         #: running requests whose prefill is unfinished (Sarathi continues them in chunks)
         self.prefilling = engine.prefilling
@@ -75,7 +78,7 @@ class StepView:
 
     def prefill_blocks(self, i: int) -> int:
         """Blocks a waiting request takes when its prefill starts (vLLM allocates the whole prompt)."""
-        return -(-(self.prompt[i] + self._waiting_generated[i]) // self.memory.block_size)
+        return -(-(self.prompt[i] + self.waiting_generated[i]) // self.memory.block_size)
 
 
 class StepPolicy:

@@ -32,6 +32,10 @@ from kvstudy.memory.paged import LATER, NEVER
 from kvstudy.policies.step import RECOMPUTE, SWAP, Decision, StepPolicy, StepView
 
 
+#: The decision of a decode-only step without preemption (shared: the engine never changes a decision).
+DECODE_ALL = Decision(decode_all=True)
+
+
 class _Plan:
     """A policy's running tally of one step: free blocks, batched tokens, running count."""
 
@@ -137,16 +141,27 @@ class VLLM(StepPolicy):
             if not plan.d.decode_all:
                 plan.d.decode.append(i)
 
+    def _head_fits(self, view: StepView) -> bool:
+        """False when the head of the waiting queue cannot start now (LATER, or the seq cap): under load that
+        is most steps, and ``_schedule_prefills`` would stop at once."""
+        if len(view.running) >= self.max_num_seqs:
+            return False
+        i, mem = view.waiting[0], view.memory
+        blocks = -(-(view.prompt[i] + view.waiting_generated[i]) // mem.block_size)
+        return mem.free - blocks >= mem.watermark_blocks or mem.num_blocks - blocks < mem.watermark_blocks
+
     def _schedule_prefills(self, view: StepView, plan: _Plan, budget: int, chunked: bool) -> None:
+        mem = view.memory
+        bs, wm, total = mem.block_size, mem.watermark_blocks, mem.num_blocks
+        prompt, generated = view.prompt, view.waiting_generated
         for i in view.waiting:
             if plan.num_seqs + 1 > self.max_num_seqs:
                 break
-            blocks = view.prefill_blocks(i)
-            status = view.memory.can_allocate(blocks, free=plan.free)
-            if status == LATER:
-                break
-            if status == NEVER:  # the engine rejects these up front; never reached with its checks
+            blocks = -(-(prompt[i] + generated[i]) // bs)  # view.prefill_blocks(i), inlined: it runs every step
+            if total - blocks < wm:  # can_allocate NEVER: the engine rejects these up front; never reached
                 continue
+            if plan.free - blocks < wm:  # can_allocate LATER
+                break
             remaining = view.prefill_target[i] - view.prefilled[i]
             chunk = min(remaining, budget - plan.tokens) if chunked else remaining
             if chunk <= 0 or plan.tokens + chunk > budget:
@@ -158,15 +173,17 @@ class VLLM(StepPolicy):
 
     # --- vLLM V0 _schedule_default --------------------------------------------------------------------
     def step(self, view: StepView) -> Decision:
-        plan = _Plan(view)
         budget = self.token_budget(view)
-        if not view.swapped:
+        if view.waiting and not view.swapped and self._head_fits(view):
+            plan = _Plan(view)
             self._schedule_prefills(view, plan, budget, chunked=False)
             if plan.d.prefill:
                 return plan.d
-        plan.tokens = 0
+        if not view.swapped and view.running and not view.prefilling and len(view.growing) <= view.memory.free:
+            return DECODE_ALL  # the common step: every running request decodes and nobody is preempted
+        plan = _Plan(view)
         self._schedule_decodes(view, plan, skip_prefilling=False)
-        if not plan.d.preempt:
+        if view.swapped and not plan.d.preempt:
             self._schedule_swapped(view, plan, budget)
         return plan.d
 

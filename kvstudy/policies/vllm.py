@@ -200,6 +200,9 @@ class Sarathi(VLLM):
         self.chunk_size = chunk_size
 
     def step(self, view: StepView) -> Decision:
+        if (view.running and not view.prefilling and not view.swapped and len(view.growing) <= view.memory.free
+                and not (view.waiting and self._head_fits(view))):
+            return DECODE_ALL  # only decodes, nobody preempted, no prompt can start: the common step
         plan = _Plan(view)
         budget = self.chunk_size
         prefilling = self._schedule_decodes(view, plan, skip_prefilling=True)

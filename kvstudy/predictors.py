@@ -3,6 +3,8 @@
 * ``oracle``: the true output length (Sec. 5.2 main experiments).
 * ``uniform_noise``: o^ ~ U((1 - eps) o, (1 + eps) o), rounded, at least 1 (Sec. 5.2.2).
 * ``trace``: the trace's own ``predicted_output_tokens`` column.
+* ``gaussian_noise``: o^ = round(o + N(0, sigma^2)) clamped to [low, high] (RR-SJF paper Sec. 3.5: [1, 1024];
+  the authors' ``add_noise.py`` clamps to [15, 1025], a setting). Only the policy's ordering sees it.
 """
 from __future__ import annotations
 
@@ -30,7 +32,18 @@ def from_trace(requests: Requests, rng: np.random.Generator) -> np.ndarray:
     return requests.predicted_output_tokens.copy()
 
 
-PREDICTORS = {"oracle": oracle, "uniform_noise": uniform_noise, "trace": from_trace}
+def gaussian_noise(requests: Requests, rng: np.random.Generator, sigma: float = 0.0, low: int = 1,
+                   high: int = 1024) -> np.ndarray:
+    if isinstance(sigma, bool) or not isinstance(sigma, (int, float)) or not sigma >= 0:
+        raise ConfigError(f"predictor.sigma={sigma!r}: must be a number >= 0 (tokens)")
+    if not isinstance(low, int) or not isinstance(high, int) or not 1 <= low <= high:
+        raise ConfigError(f"predictor.low={low!r}, predictor.high={high!r}: integers with 1 <= low <= high")
+    o = requests.output_tokens.astype(float)
+    noisy = np.rint(o + rng.normal(0.0, float(sigma), len(o))) if sigma > 0 else o
+    return np.clip(noisy, low, high).astype(np.int64)
+
+
+PREDICTORS = {"oracle": oracle, "uniform_noise": uniform_noise, "trace": from_trace, "gaussian_noise": gaussian_noise}
 
 
 def predict(kind: str, requests: Requests, rng: np.random.Generator, **params) -> np.ndarray:

@@ -330,7 +330,7 @@ class StepEngine:
                 growing.clear()
             if clock.grow_at.get(clock.D):
                 growing.update(clock.growing())
-            view.step, view.time = step, t
+            view.step, view.time, view.num_arrived = step, t, nxt
             d = self.policy.step(view)
             self._check(d, name)
             # 1. preempt; vLLM's waiting.extendleft(preempted): the last victim (the earliest admitted) ends first
@@ -360,7 +360,9 @@ class StepEngine:
                 for i in grew:
                     mem.hold(i, (s[i] + clock.generated(i) + bs - 1) // bs)
                 clock.grown(grew)
-            elif not listed:
+            elif not listed:  # no decodes (a prefill-only step): swapped-in requests decode from the next one
+                for i in d.swap_in:
+                    clock.start(i, clock.gen[i])
                 n_dec, ctx_now = 0, 0
             else:
                 for i in [i for i in running if clock.on[i]]:

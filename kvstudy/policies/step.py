@@ -64,6 +64,10 @@ class StepView:
         #: tokens generated, exact for requests off the decode clock (waiting, swapped, in prefill): a plain list
         self.waiting_generated = engine.clock.gen
         self.max_model_len = engine.max_model_len
+        #: each request's state (engine codes: 0 future, 1 waiting, 2 running, 3 done, 4 rejected, 5 swapped)
+        self.state = engine.state
+        #: requests that have arrived so far: engine indices 0 .. num_arrived - 1 (indices are in arrival order)
+        self.num_arrived = 0
         #: running requests whose prefill is unfinished (Sarathi continues them in chunks)
         self.prefilling = engine.prefilling
         #: running requests that need one more block to decode now (their context crosses a block boundary)

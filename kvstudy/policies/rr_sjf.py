@@ -1,0 +1,261 @@
+"""RR-SJF (Gogineni et al.) and the baselines it was measured against, as the authors' vLLM fork runs them
+(``sastec17/585_vllm``, ``vllm/core/scheduler.py``; spec ../shared/reference/specs/rr_sjf_cacheopt.md, A2-A3).
+
+All four are vLLM V0's ``_schedule_default`` without chunked prefill (a step runs prefills or decodes):
+
+1. Admission: walk the waiting queue *in its current order* and start requests while ``can_allocate``,
+   the token budget and ``max_num_seqs`` allow; stop at the first that does not fit.
+2. Only in a step that admitted nothing, the policy routine runs (``fcfs`` has none):
+   * ``rr_sjf`` (``_schedule_rr_reverse``, A2.2): sort waiting by (longest waiting first, shortest
+     predicted first) and running by (predicted, arrival); take the head h; while h does not fit
+     (``can_allocate`` OK and the budget's seq cap and tokens), preempt the *last* eligible running request
+     (largest prediction; eligible = running for at least ``steps_before_preemption`` steps) and append it to
+     the *back* of waiting; h goes back to the front: it starts in a later step's admission.
+   * ``rr`` (``_schedule_round_robin``, A2.3): the same with both queues left in their order (the victim is
+     the latest admitted eligible request; the client sends no priority).
+   * ``sjf`` (vLLM's ``priority`` policy, ``_schedule_priority_preemption``): while the last running request
+     (largest (prediction, arrival)) has a larger key than h and h does not fit, preempt it (no minimum-steps
+     protection) and put it at the front of waiting; then waiting is sorted by (prediction, arrival).
+3. Decode every running request in running order; when one cannot get a block, preempt the tail (victims to
+   the front of waiting), as vLLM.
+
+Counters (A8.1, A8.3): waiting time w and the quantum k are counted in scheduler steps, as the fork counts
+them: at the end of every step waiting requests get w + 1 and k = 0, running ones w = 0 and k + 1 (a
+prefill-only step counts). ``quantum_unit: tokens`` counts k in tokens produced since the request last
+started instead, for a reader who takes the paper's "tokens" literally.
+
+Swap (A8.9: the fork's swap mode crashed, so the paper has no swap results). With ``preemption_mode: swap``
+kvstudy swaps the victims out and keeps them *in this policy's waiting order*, where recompute victims
+would be; a swapped request is brought back (swap in) when the admission walk reaches it. vLLM V0's own
+rule (swapped requests return before any admission, with no admission while any is out) would undo every
+round-robin preemption at the next step and never admit the head the preemption made room for.
+
+Each policy keeps its own waiting order and running list (the engine's queue is vLLM's FCFS order). The
+predicted lengths are the predictor's; only the engine knows the true ones.
+"""
+from __future__ import annotations
+
+from typing import List
+
+from kvstudy.engine import RUNNING, WAITING
+from kvstudy.errors import ConfigError
+from kvstudy.memory.paged import LATER, NEVER
+from kvstudy.policies.step import RECOMPUTE, Decision, StepView
+from kvstudy.policies.vllm import VLLM, _Plan
+
+SWAPPED = 5  # kvstudy.step_engine.SWAPPED (not imported: the engine imports the policies' interface)
+
+
+class QueuedVLLM(VLLM):
+    """vLLM V0 ``_schedule_default`` with the policy's own queues and a routine in steps that admit nothing.
+    As a policy of its own it is vLLM's ``fcfs`` (no routine)."""
+
+    name = "fcfs"
+
+    def __init__(self, steps_before_preemption: int = 5, quantum_unit: str = "steps",
+                 preemption_mode: str = RECOMPUTE, max_num_seqs: int = 256, max_num_batched_tokens=None,
+                 name: str = "fcfs") -> None:
+        if isinstance(steps_before_preemption, bool) or not isinstance(steps_before_preemption, int) \
+                or steps_before_preemption <= 0:
+            raise ConfigError(f"policy.steps_before_preemption={steps_before_preemption!r}: must be a positive "
+                              f"integer (the RR-SJF paper's runs used 5)")
+        if quantum_unit not in ("steps", "tokens"):
+            raise ConfigError(f"policy.quantum_unit={quantum_unit!r}: allowed steps (the authors' code), tokens")
+        super().__init__(preemption_mode=preemption_mode, max_num_seqs=max_num_seqs,
+                         max_num_batched_tokens=max_num_batched_tokens, running_order="admission", name=name)
+        self.quantum = steps_before_preemption
+        self.quantum_unit = quantum_unit
+
+    # --- per-run state ---------------------------------------------------------------------------------------
+    def reset(self, seed: int) -> None:
+        super().reset(seed)
+        self.order: List[int] = []  # waiting (and, under swap, swapped-out) requests in this policy's order
+        self.run: List[int] = []  # running requests in this policy's order
+        self.seen = 0  # arrivals (engine indices, in arrival order) already placed in ``order``
+        self.wait_since = {}  # step whose end first counted request i as waiting (w = step - wait_since)
+        self.run_since = {}  # step in which request i last started running (k = step - run_since)
+        self.gen_at_start = {}  # its tokens then (quantum_unit: tokens)
+
+    def waiting_steps(self, view: StepView, i: int) -> int:
+        return view.step - self.wait_since[i]
+
+    def running_for(self, view: StepView, i: int) -> int:
+        if self.quantum_unit == "tokens":
+            return view.generated[i] - self.gen_at_start[i]
+        return view.step - self.run_since[i]
+
+    def key(self, view: StepView, i: int):
+        """vLLM's ``_get_priority``: (priority, arrival time); priority = predicted output tokens."""
+        return view.predicted[i], view.arrival[i], i
+
+    def _sync(self, view: StepView) -> None:
+        """Arrivals join the back of the queue; requests that left it (done, or rejected by the engine) go."""
+        state = view.state
+        for i in range(self.seen, view.num_arrived):
+            if state[i] == WAITING:
+                self.order.append(i)
+                self.wait_since[i] = view.step
+        self.seen = view.num_arrived
+        expected = len(view.waiting) + (len(view.swapped) if self.preemption_mode != RECOMPUTE else 0)
+        if len(self.order) != expected:
+            self.order = [i for i in self.order if state[i] == WAITING or state[i] == SWAPPED]
+        if len(self.run) != len(view.running):
+            self.run = [i for i in self.run if state[i] == RUNNING]
+
+    # --- one step --------------------------------------------------------------------------------------------
+    def _admit(self, view: StepView, plan: _Plan, budget: int) -> None:
+        """vLLM's admission walk over this policy's waiting order; a swapped-out request comes back in its turn."""
+        mem = view.memory
+        state = view.state
+        for i in self.order:
+            if plan.num_seqs + 1 > self.max_num_seqs:
+                break
+            if state[i] == SWAPPED:
+                status = mem.can_swap_in(i, free=plan.free)
+                if status == LATER:
+                    break
+                if status == NEVER:
+                    continue
+                plan.free -= mem.host[i]
+                plan.num_seqs += 1
+                plan.d.swap_in.append(i)
+                continue
+            blocks = view.prefill_blocks(i)
+            status = mem.can_allocate(blocks, free=plan.free)
+            if status == LATER:
+                break
+            if status == NEVER:
+                continue
+            tokens = view.prompt[i] + view.waiting_generated[i]
+            if plan.tokens + tokens > budget:
+                break
+            plan.free -= blocks
+            plan.num_seqs += 1
+            plan.tokens += tokens
+            plan.d.prefill.append((i, tokens))
+
+    def fits(self, view: StepView, plan: _Plan, h: int, budget: int) -> bool:
+        """``can_allocate(h) == OK and budget.can_schedule(len(h.tokens), 1)`` as the routine asks it."""
+        mem = view.memory
+        if view.state[h] == SWAPPED:
+            return mem.can_swap_in(h, free=plan.free) == "ok" and plan.num_seqs + 1 <= self.max_num_seqs
+        return (mem.can_allocate(view.prefill_blocks(h), free=plan.free) == "ok"
+                and plan.num_seqs + 1 <= self.max_num_seqs
+                and plan.tokens + view.prompt[h] + view.waiting_generated[h] <= budget)
+
+    def _victim(self, view: StepView, plan: _Plan, v: int) -> None:
+        self._preempt(view, plan, v)
+        self.run.remove(v)
+
+    def routine(self, view: StepView, plan: _Plan, budget: int) -> None:
+        """Steps that admitted nothing: ``fcfs`` has no routine."""
+
+    def step(self, view: StepView) -> Decision:
+        self._sync(view)
+        budget = self.token_budget(view)
+        plan = _Plan(view)
+        if self.order:
+            self._admit(view, plan, budget)
+        if not plan.d.prefill and not plan.d.swap_in:
+            self.routine(view, plan, budget)
+            routine_victims = len(plan.d.preempt)
+            self._walk_decodes(view, plan, list(self.run))
+            walk_victims = [v for v, _ in plan.d.preempt[routine_victims:]]
+            for v in walk_victims:  # vLLM's waiting.extendleft(preempted): the last one ends up first
+                self.run.remove(v)
+                self.order.insert(0, v)
+                self.wait_since[v] = view.step
+        self._started(view, plan)
+        return plan.d
+
+    def _walk_decodes(self, view: StepView, plan: _Plan, queue: List[int]) -> None:
+        """vLLM's decode walk over the running list: tail victims when a block is missing; the rest decode."""
+        growing, decoded = view.growing, 0
+        while queue:
+            i = queue.pop(0)
+            need = view.decode_blocks_needed(i) if i in growing else 0
+            while plan.free < need:
+                if queue:
+                    self._preempt(view, plan, queue.pop())
+                else:
+                    self._preempt(view, plan, i)
+                    break
+            else:
+                plan.free -= need
+                decoded += 1
+        plan.tokens += decoded
+        plan.d.decode_all = decoded > 0
+
+    def _started(self, view: StepView, plan: _Plan) -> None:
+        """Requests this decision starts (prefill or swap in) leave the queue and join the running list."""
+        started = [i for i, _ in plan.d.prefill] + list(plan.d.swap_in)
+        if not started:
+            return
+        taken = set(started)
+        self.order = [i for i in self.order if i not in taken]
+        for i in started:
+            self.run_since[i] = view.step
+            self.gen_at_start[i] = view.waiting_generated[i]
+        self.run.extend(started)
+
+
+class RoundRobin(QueuedVLLM):
+    """The paper's RR (``round_robin``): FIFO queue, victims to the back, quantum ``steps_before_preemption``."""
+
+    name = "rr"
+
+    def sorted_queues(self, view: StepView):
+        return list(self.order), list(self.run)
+
+    def routine(self, view: StepView, plan: _Plan, budget: int) -> None:
+        if not self.order:
+            return
+        W, R = self.sorted_queues(view)
+        self.run = R
+        h = W.pop(0)
+        eligible = [r for r in R if self.running_for(view, r) >= self.quantum]
+        while eligible:
+            if self.fits(view, plan, h, budget):
+                break
+            v = eligible.pop()
+            self._victim(view, plan, v)
+            W.append(v)
+            self.wait_since[v] = view.step
+        W.insert(0, h)
+        self.order = W
+
+
+class RRSJF(RoundRobin):
+    """RR-SJF (Alg. 1 as ``_schedule_rr_reverse`` runs it): waiting by (-waiting steps, predicted),
+    running by (predicted, arrival); the victim is the eligible request with the longest prediction."""
+
+    name = "rr_sjf"
+
+    def sorted_queues(self, view: StepView):
+        step, since, pred = view.step, self.wait_since, view.predicted
+        W = sorted(self.order, key=lambda i: (since[i] - step, pred[i]))  # -w, then p; stable otherwise
+        R = sorted(self.run, key=lambda i: self.key(view, i))
+        return W, R
+
+
+class SJF(QueuedVLLM):
+    """vLLM's ``priority`` policy (the paper's SJF): preempts on priority inversion, no quantum."""
+
+    name = "sjf"
+
+    def routine(self, view: StepView, plan: _Plan, budget: int) -> None:
+        if not self.order:
+            return
+        key = lambda i: self.key(view, i)  # noqa: E731
+        R = sorted(self.run, key=key)
+        self.run = R
+        W = list(self.order)
+        h = W.pop(0)
+        while self.run and key(self.run[-1]) > key(h) and not self.fits(view, plan, h, budget):
+            v = self.run[-1]
+            self._victim(view, plan, v)
+            W.insert(0, v)
+            self.wait_since[v] = view.step
+        W.insert(0, h)
+        W.sort(key=key)
+        self.order = W

@@ -54,7 +54,7 @@ class QueuedVLLM(VLLM):
 
     def __init__(self, steps_before_preemption: int = 5, quantum_unit: str = "steps",
                  preemption_mode: str = RECOMPUTE, max_num_seqs: int = 256, max_num_batched_tokens=None,
-                 name: str = "fcfs") -> None:
+                 name: str = None) -> None:
         if isinstance(steps_before_preemption, bool) or not isinstance(steps_before_preemption, int) \
                 or steps_before_preemption <= 0:
             raise ConfigError(f"policy.steps_before_preemption={steps_before_preemption!r}: must be a positive "
@@ -62,7 +62,8 @@ class QueuedVLLM(VLLM):
         if quantum_unit not in ("steps", "tokens"):
             raise ConfigError(f"policy.quantum_unit={quantum_unit!r}: allowed steps (the authors' code), tokens")
         super().__init__(preemption_mode=preemption_mode, max_num_seqs=max_num_seqs,
-                         max_num_batched_tokens=max_num_batched_tokens, running_order="admission", name=name)
+                         max_num_batched_tokens=max_num_batched_tokens, running_order="admission",
+                         name=name or type(self).name)
         self.quantum = steps_before_preemption
         self.quantum_unit = quantum_unit
 

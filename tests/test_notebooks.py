@@ -15,7 +15,14 @@ SMALL = {  # experiment -> overrides that shrink it (same code path, fewer and s
     "fig5": ["seed=0", "workload.num_requests=150"],
     "fig5_reference": ["seed=0", "workload.num_requests=150"],
     "alpha_beta_sweep": ["policy.alpha=0.1,0.2", "policy.beta=0.1,0.2", "seed=0", "workload.num_requests=150"],
+    "rr_sjf_policies": ["workload.num_requests=60", "policy.max_num_seqs=16"],
+    "rr_sjf_quantum": ["policy.steps_before_preemption=5,50", "workload.num_requests=60", "policy.max_num_seqs=16"],
+    "rr_sjf_noise": ["predictor.sigma=0,100", "seed=0,1", "workload.num_requests=60", "policy.max_num_seqs=16"],
+    "rr_sjf_rate": ["demand.rate=10,50", "seed=0,1", "workload.num_requests=60", "policy.max_num_seqs=16"],
+    "three_papers": ["seed=0", "+demand=high", "workload.num_requests=60"],
 }
+#: where an experiment's sweep goes under the results root (default: its name)
+FOLDER = {f"rr_sjf_{part}": f"rr_sjf/llama32_1b_l4_tp1/{part}" for part in ("policies", "quantum", "noise", "rate")}
 
 
 def run(args, **kw):
@@ -28,7 +35,7 @@ def run(args, **kw):
 def small_results(tmp_path_factory):
     root = tmp_path_factory.mktemp("results")
     for name, overrides in SMALL.items():
-        run(["kvstudy", f"+experiment={name}", *overrides, f"hydra.sweep.dir={root / name}"])
+        run(["kvstudy", f"+experiment={name}", *overrides, f"hydra.sweep.dir={root / FOLDER.get(name, name)}"])
     for demand in ("high", "low"):
         run(["kvstudy.studies", "alpha-search", f"+demand={demand}", "workload.num_requests=150",
              f"out={root / 'alpha_search'}"])

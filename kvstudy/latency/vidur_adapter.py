@@ -132,9 +132,17 @@ class OfflineLinearRegressionPredictor(_OfflineMixin, LinearRegressionExecutionT
         return make_pipeline(PolynomialFeatures(), LinearRegression())
 
 
+#: GPUs Vidur 0.0.26's ReplicaConfig accepts (vidur.types.DeviceSKUType).
+VIDUR_DEVICES = ("a40", "a100", "h100", "l40")
+
+
 def replica_config(arch: ModelArch, hw: HardwareSpec) -> ReplicaConfig:
+    """Vidur's replica description. A GPU Vidur does not know (kvstudy's uncalibrated ``l4``) is named
+    ``a100`` here: kvstudy hands the predictor its own profile files, so Vidur's SKU entry only feeds Vidur's
+    memory planning, which kvstudy does not use (the KV capacity is kvstudy's ``memory.capacity_tokens``)."""
+    device = hw.device if hw.device in VIDUR_DEVICES else "a100"
     return ReplicaConfig(model_name=register_model(arch), num_pipeline_stages=hw.pipeline_parallel,
-                         tensor_parallel_size=hw.tensor_parallel, device=hw.device, network_device=hw.node)
+                         tensor_parallel_size=hw.tensor_parallel, device=device, network_device=hw.node)
 
 
 def make_predictor(arch: ModelArch, hw: HardwareSpec, files: ProfileFiles, settings: PredictorSettings,

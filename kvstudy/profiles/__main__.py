@@ -21,6 +21,8 @@ def main(argv=None) -> int:
     build.add_argument("--out", type=Path, default=PROFILES_DIR)
     build.add_argument("--models", nargs="*", default=None, help="model config names (default: all)")
     build.add_argument("--calibration", type=Path, default=CALIBRATION_FILE)
+    build.add_argument("--device", default=None, help="GPU of kvstudy.profiles.gpu_model.DEVICES (default a100; "
+                                                      "others are uncalibrated)")
     args = parser.parse_args(argv)
     if args.command == "calibrate":
         from kvstudy.profiles.calibration import write_calibration
@@ -35,7 +37,7 @@ def main(argv=None) -> int:
     calib = load_calibration(args.calibration)
     names = args.models or sorted(p.stem for p in (CONF_DIR / "model").glob("*.yaml"))
     for name in names:
-        for path in build_model(load_model_arch(name), calib, args.out):
+        for path in build_model(load_model_arch(name), calib, args.out, device=args.device):
             print(f"wrote {path}")
     for path in build_network(calib, args.out):
         print(f"wrote {path}")

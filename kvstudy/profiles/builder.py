@@ -47,11 +47,11 @@ def prefill_chunks(max_len: int) -> List[int]:
     return [c for c in space if c <= max_len]
 
 
-def mlp_profile(arch: ModelArch, calib: Dict, tps: Iterable[int]) -> pd.DataFrame:
+def mlp_profile(arch: ModelArch, calib: Dict, tps: Iterable[int], device: str = None) -> pd.DataFrame:
     frames = []
     n = num_tokens_grid()
     for tp in tps:
-        times = op_times_from_calibration(arch, tp, n, calib)
+        times = op_times_from_calibration(arch, tp, n, calib, device)
         df = pd.DataFrame({f"time_stats.{op}.median": times[op] for op in gm.MLP_OPS})
         df["n_head"] = arch.num_q_heads
         df["n_kv_head"] = arch.num_kv_heads
@@ -123,11 +123,17 @@ def write_csv(df: pd.DataFrame, path: Path) -> None:
     write_atomic(path, lambda tmp: df.to_csv(tmp, index=False, float_format=FLOAT_FORMAT, lineterminator="\n"))
 
 
-def build_model(arch: ModelArch, calib: Dict, root: Path, tps: Iterable[int] = TP_SIZES) -> List[Path]:
-    device = gm.DEVICES[calib["device"]]
+def build_model(arch: ModelArch, calib: Dict, root: Path, tps: Iterable[int] = TP_SIZES,
+                device: str = None) -> List[Path]:
+    """``device`` (default: the calibration's, a100) names a GPU of ``gpu_model.DEVICES``; any other than the
+    calibrated one gets the calibrated efficiencies with its own peaks (uncalibrated)."""
+    name = device or calib["device"]
+    if name not in gm.DEVICES:
+        raise ConfigError(f"--device {name}: allowed {', '.join(gm.DEVICES)}")
+    device = gm.DEVICES[name]
     tps = [tp for tp in tps if arch.num_q_heads % tp == 0]
-    folder = Path(root) / "compute" / calib["device"] / arch.name
-    write_csv(mlp_profile(arch, calib, tps), folder / "mlp.csv")
+    folder = Path(root) / "compute" / name / arch.name
+    write_csv(mlp_profile(arch, calib, tps, name), folder / "mlp.csv")
     write_csv(attention_profile(arch, device, tps), folder / "attention.csv")
     return [folder / "mlp.csv", folder / "attention.csv"]
 

@@ -157,5 +157,8 @@ def load_calibration(path: Path) -> Dict:
     return json.loads(Path(path).read_text())
 
 
-def op_times_from_calibration(arch: ModelArch, tp: int, n: np.ndarray, calib: Dict) -> Dict[str, np.ndarray]:
-    return mlp_op_times(arch, tp, n, DEVICES[calib["device"]], calib["mlp_ops"])
+def op_times_from_calibration(arch: ModelArch, tp: int, n: np.ndarray, calib: Dict,
+                              device: str = None) -> Dict[str, np.ndarray]:
+    """MLP-block operator times from the fitted efficiencies; ``device`` (default: the calibration's own)
+    applies them to another GPU's peaks, uncalibrated."""
+    return mlp_op_times(arch, tp, n, DEVICES[device or calib["device"]], calib["mlp_ops"])

@@ -35,8 +35,12 @@ class Device:
 
 #: A100-SXM4-80GB datasheet (NVIDIA A100 datasheet, 2021): 312 TFLOPS FP16 dense, 2,039 GB/s HBM2e,
 #: 80 GB; PCIe Gen4 x16 = 32 GB/s per direction (31.5 GB/s after 128b/130b encoding).
+#: NVIDIA L4 (datasheet, 2023): 121 TFLOPS FP16/BF16 dense tensor (242 with sparsity), 300 GB/s GDDR6, 24 GB,
+#: PCIe Gen4 x16. UNCALIBRATED: no L4 measurement exists here; its profiles reuse the A100 fits'
+#: efficiencies (c0, eta, mu) with these peaks (the RR-SJF paper's GPU, for relative results only).
 DEVICES: Dict[str, Device] = {
     "a100": Device("a100", peak_tflops=312.0, hbm_gbps=2039.0, memory_gb=80.0, pcie_gbps=31.5),
+    "l4": Device("l4", peak_tflops=121.0, hbm_gbps=300.0, memory_gb=24.0, pcie_gbps=31.5),
 }
 
 #: Operators Vidur's MLP profile holds, in its column order.

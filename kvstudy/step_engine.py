@@ -448,8 +448,7 @@ class StepEngine:
                 self.reserved_ids.discard(i)
             completed += len(finished)
             if bar is not None and finished:
-                bar.n = completed
-                bar.refresh()
+                bar.update(len(finished))  # tqdm redraws at most every mininterval
             no_token = 0 if produced else no_token + 1
             t = end
             step += 1

@@ -160,7 +160,7 @@ class QueuedVLLM(VLLM):
         if not plan.d.prefill and not plan.d.swap_in:
             self.routine(view, plan, budget)
             routine_victims = len(plan.d.preempt)
-            self._walk_decodes(view, plan, list(self.run))
+            self._walk(view, plan, list(self.run), skip_prefilling=False)
             walk_victims = [v for v, _ in plan.d.preempt[routine_victims:]]
             for v in walk_victims:  # vLLM's waiting.extendleft(preempted): the last one ends up first
                 self.run.remove(v)
@@ -168,24 +168,6 @@ class QueuedVLLM(VLLM):
                 self.wait_since[v] = view.step
         self._started(view, plan)
         return plan.d
-
-    def _walk_decodes(self, view: StepView, plan: _Plan, queue: List[int]) -> None:
-        """vLLM's decode walk over the running list: tail victims when a block is missing; the rest decode."""
-        growing, decoded = view.growing, 0
-        while queue:
-            i = queue.pop(0)
-            need = view.decode_blocks_needed(i) if i in growing else 0
-            while plan.free < need:
-                if queue:
-                    self._preempt(view, plan, queue.pop())
-                else:
-                    self._preempt(view, plan, i)
-                    break
-            else:
-                plan.free -= need
-                decoded += 1
-        plan.tokens += decoded
-        plan.d.decode_all = decoded > 0
 
     def _started(self, view: StepView, plan: _Plan) -> None:
         """Requests this decision starts (prefill or swap in) leave the queue and join the running list."""

@@ -103,7 +103,11 @@ class VLLM(StepPolicy):
             if not view.prefilling:
                 return []
             return [i for i in self._running(view) if i in view.prefilling]
-        queue = self._running(view)
+        return self._walk(view, plan, self._running(view), skip_prefilling)
+
+    def _walk(self, view: StepView, plan: _Plan, queue: List[int], skip_prefilling: bool) -> List[int]:
+        """vLLM's ``_schedule_running`` over ``queue`` (the running list in this policy's order): front to back,
+        preempting from the back when a request cannot get its block; every request not preempted decodes."""
         prefilling, growing, decoded = [], view.growing, 0
         while queue:
             i = queue.pop(0)

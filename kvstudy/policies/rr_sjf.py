@@ -117,7 +117,7 @@ class QueuedVLLM(VLLM):
                     break
                 if status == NEVER:
                     continue
-                plan.free -= mem.host[i]
+                plan.free -= max(mem.host[i], view.prefill_blocks(i))  # its blocks, and the one its next token needs
                 plan.num_seqs += 1
                 plan.d.swap_in.append(i)
                 continue

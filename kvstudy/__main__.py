@@ -19,8 +19,13 @@ def _print_summary(summary: dict, folder: str) -> None:
             rows.append((key, f"mean {st['mean']:.4g}  median {st['median']:.4g}  p90 {st['p90']:.4g}  p99 {st['p99']:.4g}"))
     rows += [("throughput (tokens/time)", f"{summary['throughput_tokens_per_time'] or 0:.4g}"),
              ("peak KV tokens", f"{summary['peak_kv_tokens']} / {summary['capacity_tokens']}"),
-             ("iterations", summary["iterations"]), ("clearing events", summary["clearing_events"]),
-             ("wall seconds", summary.get("wall_seconds"))]
+             ("iterations", summary["iterations"])]
+    if "preemptions_swap" in summary:  # memory=paged: preemptions by mode instead of clearing events
+        rows.append(("preemptions", f"{summary['preemptions_recompute']} recompute, {summary['preemptions_swap']} swap"
+                                    f" ({summary['swap_fallbacks']} swap fell back to recompute)"))
+    else:
+        rows.append(("clearing events", summary["clearing_events"]))
+    rows.append(("wall seconds", summary.get("wall_seconds")))
     if summary.get("message"):
         rows.append(("note", summary["message"]))
     width = max(len(k) for k, _ in rows)

@@ -15,10 +15,10 @@ SMALL = {  # experiment -> overrides that shrink it (same code path, fewer and s
     "fig5": ["seed=0", "workload.num_requests=150"],
     "fig5_reference": ["seed=0", "workload.num_requests=150"],
     "alpha_beta_sweep": ["policy.alpha=0.1,0.2", "policy.beta=0.1,0.2", "seed=0", "workload.num_requests=150"],
-    "rr_sjf_policies": ["workload.num_requests=60", "policy.max_num_seqs=16", "seed=0,1"],
-    "rr_sjf_quantum": ["policy.steps_before_preemption=5,50", "workload.num_requests=60", "policy.max_num_seqs=16"],
-    "rr_sjf_noise": ["predictor.sigma=0,100", "seed=0,1", "workload.num_requests=60", "policy.max_num_seqs=16"],
-    "rr_sjf_rate": ["demand.rate=10,50", "seed=0,1", "workload.num_requests=60", "policy.max_num_seqs=16"],
+    "rr_sjf_policies": ["workload.num_requests=60", "memory.capacity_tokens=4000", "seed=0,1"],
+    "rr_sjf_quantum": ["policy.steps_before_preemption=5,50", "workload.num_requests=60", "memory.capacity_tokens=4000"],
+    "rr_sjf_noise": ["predictor.sigma=0,100", "seed=0,1", "workload.num_requests=60", "memory.capacity_tokens=4000"],
+    "rr_sjf_rate": ["demand.rate=10,50", "seed=0,1", "workload.num_requests=60", "memory.capacity_tokens=4000"],
     "three_papers": ["seed=0", "+demand=high", "workload.num_requests=60"],
 }
 #: where an experiment's sweep goes under the results root (default: its name)

@@ -82,10 +82,16 @@ def build_requests(cfg: DictConfig, arch: ModelArch, seed_seq: np.random.SeedSeq
     lengths_ss, arrival_ss, predictor_ss = seed_seq.spawn(3)
     wl = _plain(cfg.workload)
     name = wl.get("name", "workload")
-    if wl.get("_target_", "").endswith("lmsys"):
-        df = _instantiate(cfg.workload, rng=np.random.default_rng(lengths_ss), max_model_len=arch.max_model_len)
+    length_seed = wl.pop("length_seed", None)
+    if length_seed is not None:
+        # The lengths the run with seed=length_seed draws; arrivals and predictions still follow ``seed``.
+        if isinstance(length_seed, bool) or not isinstance(length_seed, int) or length_seed < 0:
+            raise ConfigError(f"workload.length_seed={length_seed!r}: a whole number >= 0, or null (= seed)")
+        lengths_ss = np.random.SeedSequence(length_seed).spawn(3)[0]
+    if wl.get("_target_", "").rsplit(".", 1)[-1] in ("lmsys", "trace"):  # workloads that draw with a generator
+        df = _instantiate(wl, rng=np.random.default_rng(lengths_ss), max_model_len=arch.max_model_len)
     else:
-        df = _instantiate(cfg.workload, max_model_len=arch.max_model_len)
+        df = _instantiate(wl, max_model_len=arch.max_model_len)
     demand = _plain(cfg.demand) if "demand" in cfg and cfg.demand is not None else None
     if demand is not None:
         times = arrivals(demand.get("kind", "poisson"), len(df), np.random.default_rng(arrival_ss), demand.get("rate"))

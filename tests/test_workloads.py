@@ -88,3 +88,60 @@ def test_same_seed_identical_requests(tmp_path):
     a, b, c = (pd.read_parquet(tmp_path / n / "requests.parquet") for n in "abc")
     assert a.equals(b)
     assert not a.equals(c)
+
+
+def _requests(overrides):
+    from kvstudy.arch import ModelArch
+
+    cfg = api.compose(["+policy=mcsf", "+demand=high", "workload.num_requests=50"] + overrides)
+    arch = ModelArch.from_mapping(api._plain(cfg.model))
+    req, _ = api.build_requests(cfg, arch, np.random.SeedSequence(int(cfg.seed)))
+    return req
+
+
+def test_length_seed_fixes_the_request_set_and_seed_redraws_arrivals():
+    base0, base5 = _requests(["seed=0"]), _requests(["seed=5"])
+    fixed = _requests(["seed=5", "workload.length_seed=0"])
+    # with length_seed unset a run is what it was (lengths follow seed)
+    assert not np.array_equal(base0.output_tokens, base5.output_tokens)
+    # length_seed=0: the lengths of seed 0, the arrivals of seed 5 (requests are in arrival order)
+    assert sorted(zip(fixed.prompt_tokens, fixed.output_tokens)) == sorted(zip(base0.prompt_tokens, base0.output_tokens))
+    assert np.array_equal(fixed.arrival_time, base5.arrival_time)
+    with pytest.raises(api.ConfigError, match="workload.length_seed=-1"):
+        _requests(["workload.length_seed=-1"])
+
+
+def _trace_file(tmp_path, n=20):
+    path = tmp_path / "t.csv"
+    pd.DataFrame({"arrival_time": np.arange(n) * 2.0, "prompt_tokens": np.arange(1, n + 1),
+                  "output_tokens": np.arange(101, 101 + n)}).to_csv(path, index=False)
+    return str(path)
+
+
+def test_trace_sampling_is_seeded_and_keeps_time_order(tmp_path):
+    path = _trace_file(tmp_path)
+    a = trace(path, num_requests=8, sample="without_replacement", rng=np.random.default_rng(1))
+    b = trace(path, num_requests=8, sample="without_replacement", rng=np.random.default_rng(1))
+    c = trace(path, num_requests=8, sample="without_replacement", rng=np.random.default_rng(2))
+    assert a.equals(b) and not a.equals(c)
+    assert a.prompt_tokens.is_unique and a.arrival_time.is_monotonic_increasing
+    d = trace(path, num_requests=60, sample="with_replacement", rng=np.random.default_rng(1))
+    assert len(d) == 60 and not d.prompt_tokens.is_unique  # more than the trace holds: rows repeat
+    assert trace(path, num_requests=5).prompt_tokens.tolist() == [1, 2, 3, 4, 5]  # no sample: the first rows
+    # through the config: the run's seed draws the sample, length_seed fixes it across seeds
+    run = lambda *o: _requests(["workload=trace", f"workload.path={path}", "~demand", "workload.num_requests=8",
+                                "workload.sample=without_replacement", *o]).prompt_tokens.tolist()
+    assert run("seed=0") != run("seed=1") and run("seed=1", "workload.length_seed=0") == run("seed=0")
+
+
+def test_trace_rate_scale_and_bad_sampling(tmp_path):
+    path = _trace_file(tmp_path)
+    assert trace(path, rate_scale=2).arrival_time.tolist()[:3] == [0.0, 1.0, 2.0]
+    with pytest.raises(DataError, match="workload.rate_scale=0"):
+        trace(path, rate_scale=0)
+    with pytest.raises(DataError, match="workload.sample='sometimes'"):
+        trace(path, num_requests=3, sample="sometimes")
+    with pytest.raises(DataError, match="set workload.num_requests"):
+        trace(path, sample="with_replacement")
+    with pytest.raises(DataError, match="only 20 rows to draw without replacement"):
+        trace(path, num_requests=21, sample="without_replacement")

@@ -58,11 +58,26 @@ def _to_seconds(values: pd.Series, unit: str, source: str) -> np.ndarray:
     return seconds
 
 
+SAMPLING = ("with_replacement", "without_replacement")
+
+
 def trace(path: str, columns: Optional[Dict[str, str]] = None, time_unit: str = "s",
           num_requests: Optional[int] = None, drop_over_context: bool = False,
-          max_model_len: Optional[int] = None) -> pd.DataFrame:
+          max_model_len: Optional[int] = None, sample: Optional[str] = None, rate_scale: float = 1.0,
+          rng: Optional[np.random.Generator] = None) -> pd.DataFrame:
     """Read a trace. ``drop_over_context=True`` drops (with a warning giving the count) requests whose
-    prompt is longer than the model's context; by default such a request is an error, never a silent change."""
+    prompt is longer than the model's context; by default such a request is an error, never a silent change.
+
+    ``num_requests`` alone takes the first N rows. With ``sample`` (``with_replacement`` or
+    ``without_replacement``) N rows are drawn at random with the run's length generator (``seed``, or
+    ``workload.length_seed``), kept in the trace's row order so their timestamps stay ordered; drawn with
+    replacement, a row can repeat (with its timestamp, unless ``+demand=`` gives new arrivals), so a trace can
+    feed a volume sweep larger than itself. ``rate_scale`` divides the arrival times: 2 replays the trace at
+    twice its rate."""
+    if sample is not None and sample not in SAMPLING:
+        raise DataError(f"workload.sample={sample!r}: allowed {', '.join(SAMPLING)} or null (the first rows)")
+    if isinstance(rate_scale, bool) or not isinstance(rate_scale, (int, float)) or not rate_scale > 0:
+        raise DataError(f"workload.rate_scale={rate_scale!r}: must be a number > 0 (2 = twice the trace's rate)")
     if not path:
         raise DataError("workload.path is required for workload=trace (a .csv, .jsonl or .parquet file)")
     file = Path(path)
@@ -89,8 +104,20 @@ def trace(path: str, columns: Optional[Dict[str, str]] = None, time_unit: str = 
             warnings.warn(f"{path}: dropped {int(over.sum())} of {len(df)} requests with prompts longer than the "
                           f"model context {max_model_len} (workload.drop_over_context=true)", stacklevel=2)
             df = df[~over].reset_index(drop=True)
-    if num_requests:
+    if sample is not None:
+        if not num_requests:
+            raise DataError(f"workload.sample={sample}: set workload.num_requests, the number of requests to draw")
+        if sample == "without_replacement" and num_requests > len(df):
+            raise DataError(f"workload.num_requests={num_requests} but {path} has only {len(df)} rows to draw "
+                            f"without replacement; use workload.sample=with_replacement")
+        rng = rng if rng is not None else np.random.default_rng(0)
+        rows = np.sort(rng.choice(len(df), size=num_requests, replace=sample == "with_replacement"))
+        df = df.iloc[rows]
+    elif num_requests:
         if num_requests > len(df):
             raise DataError(f"workload.num_requests={num_requests} but {path} has only {len(df)} rows")
         df = df.iloc[:num_requests]
-    return df.reset_index(drop=True)
+    df = df.reset_index(drop=True)
+    if rate_scale != 1 and "arrival_time" in df:
+        df["arrival_time"] = (df["arrival_time"] - df["arrival_time"].min()) / float(rate_scale)
+    return df

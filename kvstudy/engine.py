@@ -46,6 +46,8 @@ from kvstudy.policies.base import Policy, SchedulerView
 from kvstudy.workloads.requests import Requests
 
 FUTURE, WAITING, RUNNING, DONE, REJECTED = 0, 1, 2, 3, 4
+#: Only the preemptive loop (kvstudy/step_engine.py) swaps requests out; the code lives here with the others.
+SWAPPED = 5
 #: One row of iterations.parquet per iteration, recorded as a tuple in this order.
 ITERATION_COLUMNS = ("start", "duration", "batch_size", "prefill_tokens", "decode_tokens", "kv_tokens_in_use",
                      "overflow", "cleared")

@@ -34,13 +34,12 @@ import pandas as pd
 
 from kvstudy.decode_clock import DecodeClock
 from kvstudy.latency.models import VidurLatency
-from kvstudy.engine import DONE, FUTURE, REJECTED, RUNNING, WAITING, EngineResult, PolicyError
+from kvstudy.engine import DONE, FUTURE, REJECTED, RUNNING, SWAPPED, WAITING, EngineResult, PolicyError
 from kvstudy.memory.paged import NEVER, PagedMemory
 from kvstudy.policies.step import RECOMPUTE, SWAP, Decision, StepPolicy, StepView
 from kvstudy.swap_models import SwapModel
 from kvstudy.workloads.requests import Requests
 
-SWAPPED = 5
 STATE_NAMES = np.array(["future", "waiting", "running", "done", "rejected", "swapped"])
 ITERATION_COLUMNS = ("start", "duration", "batch_size", "prefill_tokens", "decode_tokens", "kv_tokens_in_use",
                      "capacity", "overflow", "cleared", "blocks_used", "blocks_reserved", "blocks_free",

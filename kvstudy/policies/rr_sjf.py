@@ -37,13 +37,11 @@ from __future__ import annotations
 
 from typing import List
 
-from kvstudy.engine import RUNNING, WAITING
+from kvstudy.engine import RUNNING, SWAPPED, WAITING
 from kvstudy.errors import ConfigError
-from kvstudy.memory.paged import LATER, NEVER
+from kvstudy.memory.paged import LATER, NEVER, OK
 from kvstudy.policies.step import RECOMPUTE, Decision, StepView
 from kvstudy.policies.vllm import VLLM, _Plan
-
-SWAPPED = 5  # kvstudy.step_engine.SWAPPED (not imported: the engine imports the policies' interface)
 
 
 class QueuedVLLM(VLLM):
@@ -139,8 +137,8 @@ class QueuedVLLM(VLLM):
         """``can_allocate(h) == OK and budget.can_schedule(len(h.tokens), 1)`` as the routine asks it."""
         mem = view.memory
         if view.state[h] == SWAPPED:
-            return mem.can_swap_in(h, free=plan.free) == "ok" and plan.num_seqs + 1 <= self.max_num_seqs
-        return (mem.can_allocate(view.prefill_blocks(h), free=plan.free) == "ok"
+            return mem.can_swap_in(h, free=plan.free) == OK and plan.num_seqs + 1 <= self.max_num_seqs
+        return (mem.can_allocate(view.prefill_blocks(h), free=plan.free) == OK
                 and plan.num_seqs + 1 <= self.max_num_seqs
                 and plan.tokens + view.prompt[h] + view.waiting_generated[h] <= budget)
 

@@ -48,6 +48,8 @@ def algorithm_label(row: pd.Series) -> str:
         label = str(name)
     if row.get("predictor.kind") == "uniform_noise":
         label += f", eps = {row['predictor.epsilon']:g}"
+    if row.get("engine.raise_prediction_on_eviction") is True:
+        label += ", remedy"
     return label
 
 

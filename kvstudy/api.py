@@ -137,7 +137,8 @@ def build_engine(cfg: DictConfig, requests: Requests, predicted: np.ndarray, pol
             raise ConfigError(f"policy '{cfg.policy.name}' preempts and needs memory=paged (memory=paper is the MC-SF "
                               f"paper's admission-only model)")
         return Engine(requests, predicted, policy, latency, capacity,
-                      overflow_cost=str(cfg.engine.get("overflow_cost", "batch")), **common)
+                      overflow_cost=str(cfg.engine.get("overflow_cost", "batch")),
+                      raise_prediction_on_eviction=cfg.engine.get("raise_prediction_on_eviction", False), **common)
     if not preemptive:
         raise ConfigError(f"policy '{cfg.policy.name}' is admission-only and runs on memory=paper; memory="
                           f"{cfg.memory.name} needs a preemptive policy (vllm, sarathi)")

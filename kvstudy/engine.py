@@ -26,6 +26,10 @@ Conventions (the one place they are written down; MC-SF paper Sec. 2 and IP cons
   An overflow is recorded as an iteration with ``overflow`` true, ``cleared`` = requests evicted (possibly
   0 under beta-clearing) and its true ``kv_tokens_in_use`` (> capacity). ``stall_limit`` consecutive clearing events without a completed request end the run
   with status ``no_progress`` (the paper's "infinite processing loops" of a too-small alpha).
+* ``raise_prediction_on_eviction`` (default false, the paper's literal rule): when true, an evicted request's
+  prediction rises to at least one more than the tokens it had produced (it was still running, so its length
+  is larger), so eq. (5) no longer drops it at the same point after re-admission; S3 (Jin et al. 2023) applies
+  a harsher version of the same idea, doubling a request's predicted demand each time it overruns.
 * A request whose s + o exceeds capacity can never be served: it is marked ``rejected`` up front.
   If the policy admits nothing while nothing runs and no arrival is left, the run ends ``stalled``.
 """
@@ -123,14 +127,20 @@ def _range_max(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray
 class Engine:
     def __init__(self, requests: Requests, predicted: np.ndarray, policy: Policy, latency, capacity: int,
                  stall_limit: int = 100, max_iterations: int = 50_000_000, progress: bool = False,
-                 overflow_cost: str = "batch") -> None:
+                 overflow_cost: str = "batch", raise_prediction_on_eviction: bool = False) -> None:
+        if not isinstance(raise_prediction_on_eviction, bool):
+            raise KvStudyError(f"engine.raise_prediction_on_eviction={raise_prediction_on_eviction!r}: allowed true, "
+                               f"false")
+        self.raise_on_eviction = raise_prediction_on_eviction
         if overflow_cost not in ("batch", "free"):
             raise KvStudyError(f"engine.overflow_cost={overflow_cost!r}: allowed batch, free")
         if capacity <= 0:
             raise KvStudyError(f"memory.capacity_tokens={capacity}: must be a positive number of tokens")
         self.overflow_cost = overflow_cost
         self.r = requests
-        self.pred = np.asarray(predicted, dtype=np.int64)
+        self.pred_given = np.asarray(predicted, dtype=np.int64)
+        # What policies see; a copy only when evictions may raise it (the given predictions are reported as given).
+        self.pred = self.pred_given.copy() if raise_prediction_on_eviction else self.pred_given
         self.policy = policy
         self.latency = latency
         self.capacity = int(capacity)
@@ -214,6 +224,11 @@ class Engine:
                 for i in victims.tolist():
                     del running[i]
                 state[victims] = WAITING
+                if self.raise_on_eviction and len(victims):
+                    # The remedy for Fig. 5's clearing cycles: an evicted request was still running after producing
+                    # rnd - p tokens, so its length exceeds that; its prediction rises to at least that + 1.
+                    reached = rnd - p_round[victims]
+                    self.pred[victims] = np.maximum(self.pred[victims], reached + 1)
                 p_round[victims] = -1
                 preemptions[victims] += 1
                 restarts[victims] += 1
@@ -308,7 +323,7 @@ class Engine:
         states = np.array(["future", "waiting", "running", "done", "rejected"])[state]
         requests = pd.DataFrame({
             "request_id": r.request_id, "arrival_time": a, "prompt_tokens": s, "output_tokens": o,
-            "predicted_output_tokens": self.pred, "state": states, "first_scheduled_time": first_sched,
+            "predicted_output_tokens": self.pred_given, "state": states, "first_scheduled_time": first_sched,
             "first_token_time": first_token, "completion_time": completion,
             "ttft": first_token - a, "e2e_latency": completion - a, "mean_tbt": mean_tbt, "max_tbt": max_tbt,
             "preemptions": preemptions, "restarts": restarts,

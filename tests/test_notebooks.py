@@ -14,6 +14,7 @@ SMALL = {  # experiment -> overrides that shrink it (same code path, fewer and s
     "fig3": ["+algo=mcsf,mc_benchmark,a030,a010_b010", "workload.num_requests=100,200"],
     "fig5": ["seed=0", "workload.num_requests=150"],
     "fig5_reference": ["seed=0", "workload.num_requests=150"],
+    "fig5_remedy": ["seed=0", "workload.num_requests=150"],
     "alpha_beta_sweep": ["policy.alpha=0.1,0.2", "policy.beta=0.1,0.2", "seed=0", "workload.num_requests=150"],
     "rr_sjf_policies": ["workload.num_requests=60", "memory.capacity_tokens=4000", "seed=0,1"],
     "rr_sjf_quantum": ["policy.steps_before_preemption=5,50", "workload.num_requests=60", "memory.capacity_tokens=4000"],

@@ -105,3 +105,21 @@ def test_policy_conformance_determinism_and_pickling(cls):
     clone = pickle.loads(pickle.dumps(cls()))
     b = run_unit(clone, prompt, output, arrival, capacity=50).requests
     assert a.equals(b)
+
+
+def test_remedy_raises_an_evicted_requests_prediction_and_ends_the_clearing_cycle():
+    """Fig. 5's cycle: MC-SF with a margin under large under-predictions keeps overflowing with the paper's
+    literal rule (no_progress); with engine.raise_prediction_on_eviction the same runs complete. The reported
+    predictions stay the predictor's."""
+    from kvstudy import api
+    from kvstudy.errors import KvStudyError
+
+    base = ["+policy=mcsf", "policy.margin=0.1", "predictor=uniform_noise", "predictor.epsilon=0.8", "+demand=high",
+            "seed=0", "engine.progress=false"]
+    literal, _ = api.simulate(api.compose(base))
+    remedy, _ = api.simulate(api.compose(base + ["engine.raise_prediction_on_eviction=true"]))
+    assert literal.status == "no_progress" and remedy.status == "completed"
+    assert remedy.clearing_events > 0
+    assert remedy.requests.predicted_output_tokens.equals(literal.requests.predicted_output_tokens)
+    with pytest.raises(KvStudyError, match="engine.raise_prediction_on_eviction='yes'"):
+        api.simulate(api.compose(base + ["engine.raise_prediction_on_eviction=yes"]))

@@ -11,6 +11,7 @@ from kvstudy.paths import REPO_ROOT
 NOTEBOOKS = sorted((REPO_ROOT / "notebooks").glob("*.ipynb"))
 SMALL = {  # experiment -> overrides that shrink it (same code path, fewer and smaller runs)
     "table1": ["seed=0,1", "workload.num_requests=150"],
+    "table1_fixed_set": ["seed=0,1", "workload.num_requests=150"],
     "fig3": ["+algo=mcsf,mc_benchmark,a030,a010_b010", "workload.num_requests=100,200"],
     "fig5": ["seed=0", "workload.num_requests=150"],
     "fig5_reference": ["seed=0", "workload.num_requests=150"],

@@ -35,18 +35,12 @@ from kvstudy.errors import cli_entry
 from kvstudy.latency.tables import HardwareSpec
 from kvstudy.swap_models import PcieSwap, SwapModel
 
-def _bound(model: SwapModel, arch: ModelArch, hw: HardwareSpec, block_tokens: int) -> SwapModel:
-    per_gpu = arch.kv_bytes_per_token(hw.tensor_parallel) // max(1, hw.pipeline_parallel)
-    model.bind(arch.num_layers, hw.pipeline_parallel, hw.pcie_gbps, block_tokens * per_gpu)
-    return model
-
-
 def swap_seconds(arch: ModelArch, hw: HardwareSpec, tokens, model: Optional[SwapModel] = None,
                  block_size: int = 16) -> np.ndarray:
     """Out and back for requests of ``tokens`` KV tokens; ``model`` None: the PCIe model, token-granular."""
     if model is None:
         model, block_size = PcieSwap(), 1
-    model = _bound(model, arch, hw, block_size)
+    model.bind(arch, hw, block_size)
     return np.array([2.0 * model.seconds(-(-int(s) // block_size)) for s in np.atleast_1d(tokens)])
 
 

@@ -37,7 +37,7 @@ from kvstudy.latency.models import VidurLatency
 from kvstudy.engine import DONE, FUTURE, REJECTED, RUNNING, SWAPPED, WAITING, EngineResult, PolicyError
 from kvstudy.memory.paged import NEVER, PagedMemory
 from kvstudy.policies.step import RECOMPUTE, SWAP, Decision, StepPolicy, StepView
-from kvstudy.swap_models import SwapModel
+from kvstudy.swap_models import SwapModel, kv_bytes_per_gpu
 from kvstudy.workloads.requests import Requests
 
 STATE_NAMES = np.array(["future", "waiting", "running", "done", "rejected", "swapped"])
@@ -148,7 +148,7 @@ class StepEngine:
         freed = sum(mem.held(i) for i in preempted)
         need = 0
         for i in d.swap_in:
-            need += max(mem.host[i], mem.blocks(self.s_list[i] + self.generated[i]))
+            need += mem.swap_in_blocks(i, self.s_list[i] + self.generated[i])
         for i, _ in d.prefill:
             if state[i] == WAITING:
                 need += mem.blocks(self.s_list[i] + self.generated[i])
@@ -263,9 +263,8 @@ class StepEngine:
         self.a_list = r.arrival_time.tolist()
         self.pred_list = self.pred.tolist()
         self.id_list = r.request_id.tolist()
-        kv_per_gpu = self.arch.kv_bytes_per_token(self.hw.tensor_parallel) // max(1, self.hw.pipeline_parallel)
-        mem.bind(kv_per_gpu)
-        self.swap.bind(self.arch.num_layers, self.hw.pipeline_parallel, self.hw.pcie_gbps, mem.block_bytes_per_gpu)
+        mem.bind(kv_bytes_per_gpu(self.arch, self.hw))
+        self.swap.bind(self.arch, self.hw, mem.block_size)
         self.block_bytes_all = mem.block_size * self.arch.kv_bytes_per_token(1)
         self.state = state = np.full(n, FUTURE, dtype=np.int8)
         self.first_sched, self.first_token, self.completion = [math.nan] * n, [math.nan] * n, [math.nan] * n

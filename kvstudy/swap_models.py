@@ -24,6 +24,11 @@ PER_LAYER_OVERHEAD_S = 10e-6
 PR11531_RATE_1, PR11531_RATE_1250, PR11531_NEW_KERNEL = 1.21, 3.11, 12.6
 
 
+def kv_bytes_per_gpu(arch, hardware) -> int:
+    """KV bytes of one token on one GPU: heads split over tensor parallelism, layers over pipeline stages."""
+    return arch.kv_bytes_per_token(hardware.tensor_parallel) // max(1, hardware.pipeline_parallel)
+
+
 def _fit_per_block_rate():
     """Solve 1/rate(n) = a/n + b through (1, 1.21) and (1250, 3.11); a, b in ns per byte."""
     inv1, inv1250 = 1.0 / PR11531_RATE_1, 1.0 / PR11531_RATE_1250
@@ -39,10 +44,12 @@ class SwapModel:
             raise ConfigError(f"swap.overlap={overlap!r}: allowed true or false")
         self.overlap = overlap
 
-    def bind(self, num_layers: int, pipeline_parallel: int, pcie_gbps: float, block_bytes_per_gpu: int) -> None:
-        self.layers = num_layers // max(1, pipeline_parallel)
-        self.pcie_gbps = float(pcie_gbps)
-        self.block_bytes = int(block_bytes_per_gpu)
+    def bind(self, arch, hardware, block_tokens: int) -> "SwapModel":
+        """Size the copies for ``arch`` on ``hardware`` in blocks of ``block_tokens`` tokens (one GPU's shard)."""
+        self.layers = arch.num_layers // max(1, hardware.pipeline_parallel)
+        self.pcie_gbps = float(hardware.pcie_gbps)
+        self.block_bytes = int(block_tokens * kv_bytes_per_gpu(arch, hardware))
+        return self
 
     def seconds(self, blocks: int) -> float:
         """One direction (out or in) for ``blocks`` blocks moved together."""

@@ -177,8 +177,10 @@ def test_fast_path_equals_the_walk(mode):
 def test_vllm_blocks_swap_model_follows_pr_11531():
     m = VllmBlocksSwap()
     assert m.rate_gbps(1) == pytest.approx(1.21) and m.rate_gbps(1250) == pytest.approx(3.11)
-    m.bind(80, 1, 31.5, 1 << 20)
-    assert m.seconds(100) == pytest.approx(100 * (1 << 20) / (m.rate_gbps(100) * 1e9))
+    m.bind(ARCH, HW, 16)  # Llama2-70B on 2 GPUs: 16 tokens x 2 x 80 layers x 4 KV heads x 128 x 2 bytes per GPU
+    block = 16 * 2 * 80 * 4 * 128 * 2
+    assert m.block_bytes == block
+    assert m.seconds(100) == pytest.approx(100 * block / (m.rate_gbps(100) * 1e9))
     assert VllmBlocksSwap(kernel="batched").rate_gbps(7) == 12.6
 
 

@@ -91,6 +91,11 @@ class PagedMemory:
             return NEVER
         return OK if free - need >= self.watermark_blocks else LATER
 
+    def swap_in_blocks(self, i: int, context_tokens: int) -> int:
+        """GPU blocks request i holds once swapped back in to decode: its blocks on the host, or more if its next
+        token (context ``context_tokens`` = prompt + generated) crosses a block boundary."""
+        return max(self.host[i], self.blocks(context_tokens))
+
     def host_has_room(self, blocks: int) -> bool:
         return self.host_used + blocks <= self.host_blocks_total
 

@@ -115,7 +115,7 @@ class QueuedVLLM(VLLM):
                     break
                 if status == NEVER:
                     continue
-                plan.free -= max(mem.host[i], view.prefill_blocks(i))  # its blocks, and the one its next token needs
+                plan.free -= mem.swap_in_blocks(i, view.prompt[i] + view.waiting_generated[i])
                 plan.num_seqs += 1
                 plan.d.swap_in.append(i)
                 continue

@@ -136,9 +136,7 @@ class VLLM(StepPolicy):
                 break
             if status == NEVER:
                 continue
-            plan.free -= view.memory.host.get(i, 0)
-            need = max(0, view.memory.blocks(view.prompt[i] + view.generated[i]) - view.memory.host.get(i, 0))
-            plan.free -= need
+            plan.free -= view.memory.swap_in_blocks(i, view.prompt[i] + view.waiting_generated[i])
             plan.num_seqs += 1
             plan.tokens += 1
             plan.d.swap_in.append(i)

@@ -1,8 +1,8 @@
 """Load a sweep (or any folder of runs) into one tidy DataFrame: what the notebooks use.
 
     from kvstudy import analysis
-    df = analysis.load_sweep("outputs/table1")    # one row per finished run
-    df.groupby("algorithm")["e2e_latency.mean"].agg(["mean", "std", "max", "min"])
+    df = analysis.load_sweep("outputs/table1")    # one row per finished run, every hardware subfolder
+    df.groupby(["hardware.name", "algorithm"])["e2e_latency.mean"].agg(["mean", "std", "max", "min"])
     reqs = analysis.requests(df.iloc[0])          # that run's requests.parquet, read on demand
 
 Columns: the resolved config flattened with dots (``policy.alpha``, ``demand.name``, ``seed``, ...), the
@@ -84,3 +84,43 @@ def requests(row: pd.Series) -> pd.DataFrame:
 
 def iterations(row: pd.Series) -> pd.DataFrame:
     return pd.read_parquet(Path(row["folder"]) / "iterations.parquet")
+
+
+#: the two hardware regimes of the MC-SF study (issue 26): kvstudy's default and the paper's likely one
+REGIMES = {
+    "a100_tp2": "two A100s, tensor parallel (kvstudy's default)",
+    "a100_vidur_default": "one A100 timing all layers (Vidur's default replica: the paper's likely regime)",
+}
+
+
+def service_rate(reqs: pd.DataFrame, lo: float = 0.25, hi: float = 0.75) -> float:
+    """Completions per second over the middle of a run: the requests completed after the ``lo`` and up to the
+    ``hi`` quantile of the completion order, over the time between those two completions (the middle leaves out
+    the start-up and the drain). It depends on the order of service as much as on capacity: shortest first
+    completes more requests per second from the same processed tokens (``processed_token_rate``), which is how
+    Fig. 3 (Jaillet et al., Sec. 5.2.1) should be read."""
+    done = reqs["completion_time"].dropna().sort_values().to_numpy()
+    if len(done) < 4:
+        return float("nan")
+    i, j = int(lo * (len(done) - 1)), int(hi * (len(done) - 1))
+    span = done[j] - done[i]
+    return float((j - i) / span) if span > 0 else float("nan")
+
+
+def processed_token_rate(its: pd.DataFrame) -> float:
+    """Tokens processed per second of simulated time (prompt tokens of prefills plus one per decode, over
+    iterations that ran; an overflowing batch's work is discarded, so it is left out): the capacity a policy
+    gets out of the hardware, the quantity Fig. 4 plots per second."""
+    ran = its[~its["overflow"]] if "overflow" in its else its
+    end = float((its["start"] + its["duration"]).max()) if len(its) else 0.0
+    return float((ran["prefill_tokens"] + ran["decode_tokens"]).sum() / end) if end > 0 else float("nan")
+
+
+def overload_service_rate(mean_latency: float, num_requests: float, arrival_rate: float) -> float:
+    """The service rate (requests per second) a mean latency implies under sustained overload: N requests
+    arrive over N / lambda seconds and leave at mu per second, so the i-th waits about i (1/mu - 1/lambda) and
+    the mean latency is L = (N / 2)(1/mu - 1/lambda), i.e. mu = 1 / (2 L / N + 1 / lambda). Applied to a slope
+    s = dL/dN of Fig. 3 instead of L / N it gives mu = 1 / (2 s + 1 / lambda). It ignores service order and
+    the time of one request's own processing, so it is a reading aid: when Table 1's point and Fig. 3's slope
+    imply very different rates, both cannot describe one system (docs/findings.md)."""
+    return 1.0 / (2.0 * mean_latency / num_requests + 1.0 / arrival_rate)

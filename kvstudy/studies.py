@@ -1,6 +1,8 @@
 """Studies that are searches rather than grids.
 
-``python -m kvstudy.studies alpha-search +demand=high [workload.num_requests=1000 seed=0 ...]``
+``python -m kvstudy.studies alpha-search +demand=high [hardware=a100_vidur_default seed=0 ... out=DIR]``
+
+Writes ``outputs/alpha_search/<hardware>/<demand>.json`` (``out=DIR``: ``DIR/<demand>.json``).
 
 Smallest alpha for which alpha-protection greedy terminates (Jaillet et al., Sec. 5.2.1: a grid search with
 step 0.01; the paper found 0.21 for high demand and 0.24 for low). alpha is scanned upward from 0.01; a run
@@ -39,7 +41,7 @@ def main(argv=None) -> int:
     if not argv or argv[0] != "alpha-search":
         print("usage: python -m kvstudy.studies alpha-search +demand=high [overrides]", file=sys.stderr)
         return 2
-    out_dir = Path("outputs/alpha_search")
+    out_dir = None
     overrides = []
     for arg in argv[1:]:
         if arg.startswith("out="):
@@ -47,7 +49,10 @@ def main(argv=None) -> int:
         else:
             overrides.append(arg)
     rows = alpha_search(overrides)
-    demand = api.compose(["+policy=alpha_greedy"] + overrides).get("demand")
+    cfg = api.compose(["+policy=alpha_greedy"] + overrides)
+    demand = cfg.get("demand")
+    if out_dir is None:
+        out_dir = Path("outputs/alpha_search") / cfg.hardware.name
     for alpha, status, clearing, mean in rows:
         print(f"alpha={alpha:.2f}  {status:12s} clearing events {clearing:4d}  mean e2e {mean if mean is None else round(mean, 2)}")
     done = [r for r in rows if r[1] == "completed"]

@@ -46,3 +46,29 @@ def test_default_run_composes_and_simulates(latency, tmp_path):
     assert summary["status"] == "completed" and summary["completed"] == 30
     run = api.load_run(tmp_path)
     assert len(run.requests) == 30 and run.config.policy.name == "mcsf"
+
+
+def test_paper_regime_hardware_is_a_timing_model():
+    """a100_vidur_default (issue 26): Vidur's default replica, one A100 on the pairwise-NVLink node. It times a
+    model it cannot hold, so `auto` capacity refuses it by name while the paper's fixed M runs."""
+    from kvstudy.errors import ConfigError
+
+    cfg = api.compose(["+policy=mcsf", "+demand=high", "hardware=a100_vidur_default"])
+    hw = api.hardware_spec(cfg)
+    assert (hw.tensor_parallel, hw.pipeline_parallel, hw.node) == (1, 1, "a100_pairwise_nvlink")
+    assert cfg.memory.capacity_tokens == 16492
+    with pytest.raises(ConfigError, match="does not fit on hardware 'a100_vidur_default'"):
+        api.model_setup(api.compose(["+policy=mcsf", "hardware=a100_vidur_default", "memory.capacity_tokens=auto"]),
+                        latency=False)
+
+
+@pytest.mark.parametrize("experiment", ["table1", "table1_fixed_set", "fig3", "fig5", "fig5_remedy", "fig5_reference",
+                                        "alpha_beta_sweep"])
+def test_mcsf_experiments_keep_each_regime_in_its_own_folder(experiment):
+    """Each MC-SF experiment's folder names the hardware and its run folders do not, so `hardware=a100_tp2` given
+    explicitly finds the default's finished runs (no duplicates in one folder)."""
+    from omegaconf import OmegaConf
+
+    plain = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "experiment" / f"{experiment}.yaml"), resolve=False)
+    assert plain["hydra"]["sweep"]["dir"] == f"outputs/{experiment}/${{hardware.name}}"
+    assert "hardware" in plain["hydra"]["job"]["config"]["override_dirname"]["exclude_keys"]

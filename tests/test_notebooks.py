@@ -7,24 +7,9 @@ import nbformat
 import pytest
 
 from kvstudy.paths import REPO_ROOT
+from tests.small import FOLDER, PAPER_REGIME, SMALL
 
 NOTEBOOKS = sorted((REPO_ROOT / "notebooks").glob("*.ipynb"))
-SMALL = {  # experiment -> overrides that shrink it (same code path, fewer and smaller runs)
-    "table1": ["seed=0,1", "workload.num_requests=150"],
-    "table1_fixed_set": ["seed=0,1", "workload.num_requests=150"],
-    "fig3": ["+algo=mcsf,mc_benchmark,a030,a010_b010", "workload.num_requests=100,200"],
-    "fig5": ["seed=0", "workload.num_requests=150"],
-    "fig5_reference": ["seed=0", "workload.num_requests=150"],
-    "fig5_remedy": ["seed=0", "workload.num_requests=150"],
-    "alpha_beta_sweep": ["policy.alpha=0.1,0.2", "policy.beta=0.1,0.2", "seed=0", "workload.num_requests=150"],
-    "rr_sjf_policies": ["workload.num_requests=60", "memory.capacity_tokens=4000", "seed=0,1"],
-    "rr_sjf_quantum": ["policy.steps_before_preemption=5,50", "workload.num_requests=60", "memory.capacity_tokens=4000"],
-    "rr_sjf_noise": ["predictor.sigma=0,100", "seed=0,1", "workload.num_requests=60", "memory.capacity_tokens=4000"],
-    "rr_sjf_rate": ["demand.rate=10,50", "seed=0,1", "workload.num_requests=60", "memory.capacity_tokens=4000"],
-    "three_papers": ["seed=0", "+demand=high", "workload.num_requests=60"],
-}
-#: where an experiment's sweep goes under the results root (default: its name)
-FOLDER = {f"rr_sjf_{part}": f"rr_sjf/llama32_1b_l4_tp1/{part}" for part in ("policies", "quantum", "noise", "rate")}
 
 
 def run(args, **kw):
@@ -38,9 +23,13 @@ def small_results(tmp_path_factory):
     root = tmp_path_factory.mktemp("results")
     for name, overrides in SMALL.items():
         run(["kvstudy", f"+experiment={name}", *overrides, f"hydra.sweep.dir={root / FOLDER.get(name, name)}"])
-    for demand in ("high", "low"):
-        run(["kvstudy.studies", "alpha-search", f"+demand={demand}", "workload.num_requests=150",
-             f"out={root / 'alpha_search'}"])
+    for name in PAPER_REGIME:
+        run(["kvstudy", f"+experiment={name}", *SMALL[name], "hardware=a100_vidur_default",
+             f"hydra.sweep.dir={root / name / 'a100_vidur_default'}"])
+    for hardware in ("a100_tp2", "a100_vidur_default"):
+        for demand in ("high", "low"):
+            run(["kvstudy.studies", "alpha-search", f"+demand={demand}", "workload.num_requests=150",
+                 f"hardware={hardware}", f"out={root / 'alpha_search' / hardware}"])
     for model in (1, 2):
         run(["kvstudy.optimum", "study", "--model", str(model), "--trials", "2", "--time-limit", "1", "--lns", "1",
              "--out", str(root / "optimum" / f"model{model}.parquet")])

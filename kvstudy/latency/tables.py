@@ -45,7 +45,7 @@ class HardwareSpec:
 
 @dataclass(frozen=True)
 class PredictorSettings:
-    """Vidur predictor config fields kvstudy sets (documented in README, 'Vidur, offline')."""
+    """Vidur predictor config fields kvstudy sets (documented in docs/latency.md)."""
     estimator: str = "random_forest"  # random_forest | linear_regression
     num_estimators: Tuple[int, ...] = (32,)
     max_depth: Tuple[int, ...] = (24,)

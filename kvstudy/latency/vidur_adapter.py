@@ -7,7 +7,7 @@ Hugging Face hub. Its two extension points are overridden here:
 * ``_load_predictions_from_hf`` trains Vidur's models on those files and predicts Vidur's lookup tables
   locally (the method's contract is "return the prediction dicts"; nothing is fetched).
 
-Other fixes over the stock class, each for a fact about 0.0.26 (see README, "Vidur, offline"):
+Other fixes over the stock class, each for a fact about 0.0.26 (see docs/latency.md):
 
 * Training is seeded (``RandomForestRegressor(random_state=seed)``; stock training is unseeded).
 * Vidur's own on-disk cache is keyed only by dataset string, TP and a few sizes, not by model

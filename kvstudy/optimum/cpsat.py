@@ -9,14 +9,14 @@ it starts from, so no schedule at least as good is cut off). Memory (3) is writt
   is s + (t - S).
 - "completion": memory is checked only in the rounds where it can peak, the completion rounds S_i + o_i
   (``_completion_rows``), with one "is j active when i completes" choice per pair of requests.
-``bench/cpsat_formulations.py`` compares them (numbers in the README). Two valid additions that cut off no
+``bench/cpsat_formulations.py`` compares them (numbers in docs/optimum.md). Two valid additions that cut off no
 feasible schedule: the heavy blocks of ``bounds.heavy_blocks`` never overlap (a NoOverlap constraint, the same
 fact as ``ip.block_rows``), and identical requests start in index order (``ip.twin_rows``). The objective is
 (1), sum(S + o - a). The given schedule is the search hint.
 
 Why CP-SAT: its large-neighbourhood subsolvers find much better schedules than ``lns.py`` on the smaller
 Arrival Model 2 draws (Sec. 5.1). Measured on the 24 draws with n <= 30 after ``lns.improve`` (window 5,
-2 passes), in the README. Its lower bound is weak; proofs at paper sizes come, when at all, from ``ip.py``.
+2 passes), in docs/optimum.md. Its lower bound is weak; proofs at paper sizes come, when at all, from ``ip.py``.
 
 Determinism: CP-SAT runs with ``interleave_search`` (its subsolvers take turns in a fixed order), a fixed
 ``random_seed`` and a *deterministic* time budget (``max_deterministic_time``, CP-SAT's work units, about 2-8

@@ -1,0 +1,23 @@
+"""Small versions of the experiments (same code path, fewer and smaller runs): used by the notebook test
+and the README-command test."""
+
+SMALL = {  # experiment -> overrides that shrink it (same code path, fewer and smaller runs)
+    "table1": ["seed=0,1", "workload.num_requests=150"],
+    "table1_fixed_set": ["seed=0,1", "workload.num_requests=150"],
+    "fig3": ["+algo=mcsf,mc_benchmark,a030,a010_b010", "workload.num_requests=100,200"],
+    "fig5": ["seed=0", "workload.num_requests=150"],
+    "fig5_reference": ["seed=0", "workload.num_requests=150"],
+    "fig5_remedy": ["seed=0", "workload.num_requests=150"],
+    "alpha_beta_sweep": ["policy.alpha=0.1,0.2", "policy.beta=0.1,0.2", "seed=0", "workload.num_requests=150"],
+    "rr_sjf_policies": ["workload.num_requests=60", "memory.capacity_tokens=4000", "seed=0,1"],
+    "rr_sjf_quantum": ["policy.steps_before_preemption=5,50", "workload.num_requests=60", "memory.capacity_tokens=4000"],
+    "rr_sjf_noise": ["predictor.sigma=0,100", "seed=0,1", "workload.num_requests=60", "memory.capacity_tokens=4000"],
+    "rr_sjf_rate": ["demand.rate=10,50", "seed=0,1", "workload.num_requests=60", "memory.capacity_tokens=4000"],
+    "three_papers": ["seed=0", "+demand=high", "workload.num_requests=60"],
+}
+#: where an experiment's sweep goes under the results root, as its config puts it under outputs/
+FOLDER = {**{name: f"{name}/a100_tp2" for name in ("table1", "table1_fixed_set", "fig3", "fig5", "fig5_reference",
+                                                    "fig5_remedy", "alpha_beta_sweep")},
+          **{f"rr_sjf_{part}": f"rr_sjf/llama32_1b_l4_tp1/{part}" for part in ("policies", "quantum", "noise", "rate")}}
+#: the MC-SF experiments notebook 01 also shows in the paper's likely regime (hardware=a100_vidur_default)
+PAPER_REGIME = ("table1", "fig3")

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import sys
+import warnings
+from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -44,7 +46,7 @@ def check_group_choices(argv) -> None:
         key, sep, value = arg.lstrip("+~").partition("=")
         if not sep or key.startswith("hydra") or not (CONF_DIR / key).is_dir() or "(" in value or value in ("", "null"):
             continue
-        allowed = options(key)
+        allowed = options(key, argv)
         for choice in value.split(","):
             if choice not in allowed:
                 print(f"error: unknown {key} '{choice}'; allowed: {', '.join(allowed)}", file=sys.stderr)
@@ -56,17 +58,41 @@ def main(cfg: DictConfig) -> None:
     from kvstudy import api
     from kvstudy.errors import KvStudyError, report
 
+    from hydra.types import RunMode
+
+    from kvstudy.atomic import write_text_atomic
+    from kvstudy.sweep_callback import ERROR_FILE
+
+    # a warning is one line on the command line, as errors are (in every sweep worker too: this runs there)
+    warnings.formatwarning = lambda message, category, *args, **kwargs: f"warning: {message}\n"
     folder = HydraConfig.get().runtime.output_dir
+    error_file = Path(folder) / ERROR_FILE
     try:
         summary = api.run(cfg, folder)
     except KvStudyError as exc:
+        if HydraConfig.get().mode == RunMode.MULTIRUN:
+            # one bad value of a sweep fails its own run only: recorded here, counted by FailedRuns at the end
+            write_text_atomic(error_file, f"{exc}\n")
+            report(exc)
+            return
         sys.exit(report(exc))
+    if error_file.exists():  # an earlier attempt of this run failed; this one did not
+        error_file.unlink()
     if summary.get("skipped"):
         print(f"complete already, skipped: {folder}")
         return
     _print_summary(summary, folder)
+    if summary["status"] == "interrupted":
+        sys.exit(130)
 
 
 if __name__ == "__main__":
     check_group_choices(sys.argv[1:])
+    from kvstudy.errors import KvStudyError, report
+    from kvstudy.validate import check_overrides
+
+    try:
+        check_overrides(sys.argv[1:])
+    except KvStudyError as exc:
+        sys.exit(report(exc))
     main()

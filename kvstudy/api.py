@@ -7,8 +7,12 @@
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
+import threading
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional, Tuple
@@ -20,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from kvstudy.arch import ModelArch
 from kvstudy.atomic import write_text_atomic
-from kvstudy.capacity import resolve_capacity
+from kvstudy.capacity import fit_note, resolve_capacity
 from kvstudy.engine import Engine, EngineResult
 from kvstudy.errors import ConfigError
 from kvstudy.memory import PaperMemory
@@ -29,20 +33,52 @@ from kvstudy.latency.tables import HardwareSpec
 from kvstudy.outputs import is_complete, summarize, write_run
 from kvstudy.paths import CONF_DIR
 from kvstudy.predictors import predict
+from kvstudy.validate import check_config
 from kvstudy.workloads.arrivals import arrivals
 from kvstudy.workloads.requests import Requests, make_requests
 
 
-def options(group: str) -> list:
-    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+def search_dirs(overrides: Iterable[str] = ()) -> list:
+    """Config folders a user adds with Hydra's ``hydra.searchpath=[file:///my/conf]`` (their own models, hardware,
+    policies in ``<folder>/<group>/<name>.yaml``), after kvstudy's own ``conf/``."""
+    dirs = []
+    for arg in overrides:
+        key, _, value = arg.lstrip("+").partition("=")
+        if key == "hydra.searchpath":
+            for item in value.strip("[]").split(","):
+                item = item.strip().strip("'\"")
+                if item.startswith("file://"):
+                    dirs.append(Path(item[len("file://"):]))
+    return dirs
+
+
+def options(group: str, overrides: Iterable[str] = ()) -> list:
+    """The options of a config group: kvstudy's ``conf/<group>/`` and the same folder of each search path."""
+    folders = [CONF_DIR / group] + [d / group for d in search_dirs(overrides)]
+    return sorted({p.stem for folder in folders for p in folder.glob("*.yaml")})
 
 
 def compose(overrides: Iterable[str] = ()) -> DictConfig:
     """The config ``python -m kvstudy <overrides>`` would run (Hydra Compose API, no output folder)."""
     from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
 
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return hydra_compose(config_name="config", overrides=list(overrides))
+    overrides = list(overrides)
+    for arg in overrides:  # an unknown option of a group, with the options there are (one line, not Hydra's)
+        key, sep, value = arg.lstrip("+~").partition("=")
+        if sep and not key.startswith("hydra") and (CONF_DIR / key).is_dir() and "(" not in value and \
+                value not in ("", "null"):
+            allowed = options(key, overrides)
+            for choice in value.split(","):
+                if choice not in allowed:
+                    raise ConfigError(f"unknown {key} '{choice}'; allowed: {', '.join(allowed)}")
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            return hydra_compose(config_name="config", overrides=overrides)
+    except (HydraException, OmegaConfBaseException) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"cannot compose the config from {' '.join(overrides)}: {first}") from None
 
 
 def _plain(node) -> dict:
@@ -56,11 +92,33 @@ def hardware_spec(cfg: DictConfig) -> HardwareSpec:
                         memory_gb_per_gpu=float(hw.get("memory_gb_per_gpu", 80)), pcie_gbps=float(hw.get("pcie_gbps", 31.5)))
 
 
+_TARGETS: dict = {}
+
+
+def _nested_target(value) -> bool:
+    if isinstance(value, dict):
+        return "_target_" in value or any(_nested_target(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_nested_target(v) for v in value)
+    return False
+
+
 def _instantiate(node: DictConfig, **kwargs):
-    """Instantiate a ``_target_`` node; objects are passed afterwards (Hydra would turn dataclasses into configs)."""
+    """Instantiate a ``_target_`` node; objects are passed afterwards (Hydra would turn dataclasses into configs).
+    The parameters are plain containers already, so the target is called directly (what ``hydra.utils.instantiate``
+    with ``_convert_="all"`` does, at a fraction of its cost per run in a sweep); a node with nested ``_target_``
+    nodes still goes through Hydra."""
     params = _plain(node)
     params.pop("name", None)
-    return instantiate(params, _partial_=True, _convert_="all")(**kwargs)
+    if _nested_target({k: v for k, v in params.items() if k != "_target_"}) or "_target_" not in params:
+        return instantiate(params, _partial_=True, _convert_="all")(**kwargs)
+    target = params.pop("_target_")
+    fn = _TARGETS.get(target)
+    if fn is None:
+        from hydra.utils import get_object
+
+        fn = _TARGETS[target] = get_object(target)
+    return fn(**{**params, **kwargs})  # as a partial: call-time arguments win over the config's
 
 
 def build_latency(cfg: DictConfig, arch: ModelArch, hw: HardwareSpec, capacity: int):
@@ -102,7 +160,8 @@ def build_requests(cfg: DictConfig, arch: ModelArch, seed_seq: np.random.SeedSeq
                           f"{', '.join(options('demand'))}")
     requests = make_requests(times, df["prompt_tokens"].to_numpy(), df["output_tokens"].to_numpy(),
                              source=str(wl.get("path") or name),
-                             predicted=df["predicted_output_tokens"].to_numpy() if "predicted_output_tokens" in df else None)
+                             predicted=df["predicted_output_tokens"].to_numpy() if "predicted_output_tokens" in df else None,
+                             request_id=df["request_id"].to_numpy() if "request_id" in df else None)
     pred_cfg = _plain(cfg.predictor)
     kind = pred_cfg.pop("kind", "oracle")
     pred_cfg.pop("name", None)
@@ -149,6 +208,7 @@ def build_engine(cfg: DictConfig, requests: Requests, predicted: np.ndarray, pol
 def simulate(cfg: DictConfig) -> Tuple[EngineResult, dict]:
     """Run one configuration in memory; returns the engine result and its summary."""
     started = time.perf_counter()
+    check_config(cfg)
     policy = build_policy(cfg)
     arch, hw, capacity, _ = model_setup(cfg, latency=False)
     seed = int(cfg.seed)
@@ -158,6 +218,9 @@ def simulate(cfg: DictConfig) -> Tuple[EngineResult, dict]:
         i = too_long[0]
         raise ConfigError(f"request {int(requests.request_id[i])} has a prompt of {int(requests.prompt_tokens[i])} tokens, "
                           f"longer than model '{arch.name}' context max_model_len={arch.max_model_len}")
+    note = fit_note(arch, hw, capacity)
+    if note:
+        warnings.warn(note, stacklevel=2)
     latency = build_latency(cfg, arch, hw, capacity)
     policy.reset(seed)
     engine = build_engine(cfg, requests, predicted, policy, latency, arch, hw, capacity)
@@ -167,6 +230,25 @@ def simulate(cfg: DictConfig) -> Tuple[EngineResult, dict]:
                     "latency": latency.describe(), "simulate_seconds": round(time.perf_counter() - sim_started, 3),
                     "wall_seconds": round(time.perf_counter() - started, 3)}
     return result, summarize(result)
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """SIGTERM (``kill``, a cluster scheduler's stop) as Ctrl-C for the duration of one run, so the engine stops
+    with status ``interrupted`` and what is done is written. Only in the main thread (signals are delivered
+    there); the previous handler comes back afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def run(cfg: DictConfig, out_dir, resume: bool = True) -> dict:
@@ -183,7 +265,8 @@ def run(cfg: DictConfig, out_dir, resume: bool = True) -> dict:
         if config_file.exists() and config_file.read_text() == resolved:
             return {**json.loads((out / "summary.json").read_text()), "skipped": True}
         raise ConfigError(f"{out} already holds a finished run of a different config; choose another hydra.run.dir")
-    result, summary = simulate(cfg)
+    with _sigterm_as_interrupt():
+        result, summary = simulate(cfg)
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(config_file, resolved)
     write_run(out, result, summary)

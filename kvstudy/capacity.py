@@ -14,10 +14,15 @@ with kv bytes per token per GPU = 2 (K, V) * layers / pp * ceil(kv_heads / tp) *
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 from kvstudy.arch import ModelArch
 from kvstudy.errors import ConfigError
 from kvstudy.latency.tables import HardwareSpec
+
+
+#: the largest KV capacity accepted: 2^26 tokens (an 8-GPU node with a 1B model holds ~20M)
+MAX_CAPACITY_TOKENS = 1 << 26
 
 
 def auto_capacity(arch: ModelArch, hw: HardwareSpec, gpu_memory_utilization: float = 0.9,
@@ -46,4 +51,23 @@ def resolve_capacity(value, arch: ModelArch, hw: HardwareSpec, **auto_kw) -> int
         raise ConfigError(f"memory.capacity_tokens={value!r}: allowed a positive whole number or 'auto'")
     if tokens <= 0 or tokens != float(value):
         raise ConfigError(f"memory.capacity_tokens={value!r}: allowed a positive whole number or 'auto'")
+    if tokens > MAX_CAPACITY_TOKENS:
+        raise ConfigError(f"memory.capacity_tokens={value!r}: allowed at most {MAX_CAPACITY_TOKENS:,} tokens (far beyond "
+                          f"the KV pool of any GPU set modelled here)")
     return tokens
+
+
+def fit_note(arch: ModelArch, hw: HardwareSpec, capacity_tokens: int) -> Optional[str]:
+    """One line when a fixed capacity describes a deployment the GPUs cannot hold (weights plus that KV cache
+    above their memory): a timing study may want it (the MC-SF paper's likely regime times Llama2-70B on one
+    A100), so it runs, but never without a word."""
+    gpus = hw.tensor_parallel * hw.pipeline_parallel
+    weights = arch.num_params * arch.dtype_bytes / gpus
+    kv_heads = -(-arch.num_kv_heads // hw.tensor_parallel)
+    kv = capacity_tokens * 2 * (arch.num_layers // hw.pipeline_parallel) * kv_heads * arch.head_dim * arch.dtype_bytes
+    memory = hw.memory_gb_per_gpu * 1e9
+    if weights + kv <= memory:
+        return None
+    return (f"model '{arch.name}' on hardware '{hw.name}' needs {(weights + kv) / 1e9:.0f} GB per GPU (weights "
+            f"{weights / 1e9:.0f} GB + {capacity_tokens:,} KV tokens {kv / 1e9:.0f} GB) of {memory / 1e9:.0f} GB: "
+            f"simulated as a timing model, not a deployment that fits")

@@ -57,6 +57,12 @@ ITERATION_COLUMNS = ("start", "duration", "batch_size", "prefill_tokens", "decod
                      "overflow", "cleared")
 
 
+def interrupted_message(iterations: int) -> str:
+    """The status message of a run stopped by Ctrl-C or SIGTERM (both loops)."""
+    return (f"interrupted after {iterations} iterations (Ctrl-C or SIGTERM); requests finished so far are kept, "
+            f"the rest are reported as they stood; the folder is re-run on resume")
+
+
 class PolicyError(KvStudyError):
     """A policy returned a decision the engine cannot carry out."""
 
@@ -105,6 +111,23 @@ class _LazyView(SchedulerView):
         prompts = self._engine.s_list
         return np.array([prompts[i] for i in islice(self._waiting, k)], dtype=np.int64)
 
+    def ordered_waiting(self, by: str):
+        """See ``SchedulerView.ordered_waiting``; served from the engine's queue without building arrays. The
+        waiting list is sorted by request index, which is arrival order with ties by id (checked at start), so
+        a request's position is a binary search and eq. (6)'s order is the engine's ``by_predicted`` keys."""
+        e = self._engine
+        prompts, pred, waiting = e.s_list, e.pred, self._waiting
+        if by == "arrival":
+            for pos, i in enumerate(waiting):
+                yield pos, prompts[i], int(pred[i])
+        elif by == "predicted" and e.by_predicted is not None:
+            n = len(e.r)
+            for key in e.by_predicted:
+                i = key % n
+                yield bisect.bisect_left(waiting, i), prompts[i], key // n
+        else:
+            yield from super().ordered_waiting(by)
+
 
 def _range_max(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     """max(values[lo_k..hi_k]) for each k (inclusive ranges, lo <= hi), with a sparse table."""
@@ -147,6 +170,7 @@ class Engine:
         self.stall_limit = stall_limit
         self.max_iterations = max_iterations
         self.progress = progress
+        self.by_predicted = None  # set in run() for policies that read the queue shortest-predicted first
 
     @staticmethod
     def _running_array(running: dict) -> np.ndarray:
@@ -186,7 +210,17 @@ class Engine:
         def arrival_clock(i: int) -> float:
             """When the idle engine next has work: request i's arrival (a whole round under ``unit``)."""
             return float(math.ceil(a[i])) if at_start else float(a[i])
-        waiting: List[int] = []
+        waiting: List[int] = []  # request indices, kept sorted: arrival order
+        # eq. (6)'s order of the waiting queue, kept as requests join and leave, for a policy that reads it that
+        # way (Policy.waiting_order): keys predicted * n + index, so sorting them sorts by prediction, then arrival
+        # and id, which is index order when the requests are sorted by (arrival, id) (true for make_requests)
+        ids = r.request_id
+        by_pred = None
+        if getattr(self.policy, "waiting_order", None) == "predicted" and bool(
+                np.all((np.diff(a) > 0) | ((np.diff(a) == 0) & (np.diff(ids) > 0)))):
+            by_pred = []
+        self.by_predicted = by_pred
+        pred = self.pred
         running: dict = {}  # insertion-ordered set of running requests
         finish_at: dict = {}  # round -> requests whose last decode is in that round
         kv = 0  # sum over running of s + generated + 1: the KV they hold this round
@@ -197,118 +231,132 @@ class Engine:
             from tqdm import tqdm
 
             bar = tqdm(total=n, desc=f"{name}", unit="req", leave=False)
-        while True:
-            while nxt < n and a[nxt] <= t:
-                if state[nxt] == FUTURE:
-                    state[nxt] = WAITING
-                    waiting.append(nxt)
-                nxt += 1
-            if not waiting and not running:
-                if nxt >= n:
+        try:
+            while True:
+                while nxt < n and a[nxt] <= t:
+                    if state[nxt] == FUTURE:
+                        state[nxt] = WAITING
+                        waiting.append(nxt)
+                        if by_pred is not None:
+                            bisect.insort(by_pred, int(pred[nxt]) * n + nxt)
+                    nxt += 1
+                if not waiting and not running:
+                    if nxt >= n:
+                        break
+                    t = arrival_clock(nxt)
+                    continue
+                if rnd >= self.max_iterations:
+                    status, message = "max_iterations", f"stopped after {rnd} iterations (engine.max_iterations)"
                     break
-                t = arrival_clock(nxt)
-                continue
-            if rnd >= self.max_iterations:
-                status, message = "max_iterations", f"stopped after {rnd} iterations (engine.max_iterations)"
-                break
-            if kv > M:
-                view = _LazyView(self, rnd, t, waiting, running, kv)
-                run_arr = self._running_array(running)
-                evict = self._positions(self.policy.on_overflow(view), len(run_arr), "eviction", name)
-                victims = run_arr[evict]
-                dt = 0.0
-                if self.overflow_cost == "batch":
-                    dt = float(iteration_seconds([], len(run_arr), kv - len(run_arr)))
-                log.append((t, dt, len(run_arr), 0, 0, kv, True, len(victims)))
-                kv -= int((s[victims] + rnd - p_round[victims]).sum())
-                for i in victims.tolist():
-                    del running[i]
-                state[victims] = WAITING
-                if self.raise_on_eviction and len(victims):
-                    # The remedy for Fig. 5's clearing cycles: an evicted request was still running after producing
-                    # rnd - p tokens, so its length exceeds that; its prediction rises to at least that + 1.
-                    reached = rnd - p_round[victims]
-                    self.pred[victims] = np.maximum(self.pred[victims], reached + 1)
-                p_round[victims] = -1
-                preemptions[victims] += 1
-                restarts[victims] += 1
-                # Survivors made no progress in the wasted round: their schedule moves one round later.
-                for i in running:
-                    p_round[i] += 1
-                    finish_at.setdefault(int(p_round[i]) + o_list[i], []).append(i)
-                if len(victims) <= 8:  # typical (vLLM-like preemption): a binary-search insert each
-                    for v in victims.tolist():
-                        bisect.insort(waiting, v)
+                if kv > M:
+                    view = _LazyView(self, rnd, t, waiting, running, kv)
+                    run_arr = self._running_array(running)
+                    evict = self._positions(self.policy.on_overflow(view), len(run_arr), "eviction", name)
+                    victims = run_arr[evict]
+                    dt = 0.0
+                    if self.overflow_cost == "batch":
+                        dt = float(iteration_seconds([], len(run_arr), kv - len(run_arr)))
+                    log.append((t, dt, len(run_arr), 0, 0, kv, True, len(victims)))
+                    kv -= int((s[victims] + rnd - p_round[victims]).sum())
+                    for i in victims.tolist():
+                        del running[i]
+                    state[victims] = WAITING
+                    if self.raise_on_eviction and len(victims):
+                        # The remedy for Fig. 5's clearing cycles: an evicted request was still running after producing
+                        # rnd - p tokens, so its length exceeds that; its prediction rises to at least that + 1.
+                        reached = rnd - p_round[victims]
+                        self.pred[victims] = np.maximum(self.pred[victims], reached + 1)
+                    p_round[victims] = -1
+                    preemptions[victims] += 1
+                    restarts[victims] += 1
+                    # Survivors made no progress in the wasted round: their schedule moves one round later.
+                    for i in running:
+                        p_round[i] += 1
+                        finish_at.setdefault(int(p_round[i]) + o_list[i], []).append(i)
+                    if len(victims) <= 8:  # typical (vLLM-like preemption): a binary-search insert each
+                        for v in victims.tolist():
+                            bisect.insort(waiting, v)
+                    else:
+                        waiting = list(heapq.merge(waiting, sorted(victims.tolist())))
+                    if by_pred is not None:
+                        for v in victims.tolist():  # after the remedy above may have raised their predictions
+                            bisect.insort(by_pred, int(pred[v]) * n + v)
+                    t += dt
+                    rnd += 1
+                    clearing += 1
+                    since_completion += 1
+                    if since_completion >= self.stall_limit:
+                        status = "no_progress"
+                        message = (f"{since_completion} clearing events in a row without a completed request "
+                                   f"(engine.stall_limit={self.stall_limit}); the policy keeps overflowing memory")
+                        break
+                    continue
+                if waiting:  # a policy admits only from the queue: with none waiting there is nothing to ask
+                    view = _LazyView(self, rnd, t, waiting, running, kv)
+                    chosen = self._positions(self.policy.schedule(view), len(waiting), "admission", name)
+                    admitted = [waiting[k] for k in chosen.tolist()]
                 else:
-                    waiting = list(heapq.merge(waiting, sorted(victims.tolist())))
+                    admitted = []
+                if admitted:
+                    # No capacity check here: under constraint (3) an admission round is not charged; a decision
+                    # that overflows later is caught by the overflow check at the start of that round.
+                    if by_pred is not None:
+                        for i in admitted:
+                            del by_pred[bisect.bisect_left(by_pred, int(pred[i]) * n + i)]
+                    if chosen.max() == len(chosen) - 1:  # a prefix of the queue (FCFS policies)
+                        del waiting[: len(chosen)]
+                    elif len(chosen) <= 64:  # a few from anywhere (shortest first): C-level deletes, no Python pass
+                        for k in sorted(chosen.tolist(), reverse=True):
+                            del waiting[k]
+                    else:
+                        drop = set(chosen.tolist())
+                        waiting = [w for k, w in enumerate(waiting) if k not in drop]
+                elif not running:
+                    if nxt < n:
+                        t = arrival_clock(nxt)  # not arrived yet, so later than t
+                        continue
+                    status = "stalled"
+                    first = int(r.request_id[waiting[0]])
+                    message = (f"policy '{name}' admits none of {len(waiting)} waiting request(s) on an idle engine "
+                               f"(first: request {first}, prompt {int(s[waiting[0]])}, predicted output "
+                               f"{int(self.pred[waiting[0]])}, capacity {M})")
+                    break
+                num_running = len(running)
+                chunks = [(s_list[i], 0) for i in admitted]
+                dt = float(iteration_seconds(chunks, num_running, kv - num_running))
+                stamp = t if at_start else t + dt
+                prefill = sum(c for c, _ in chunks)
+                log.append((t, dt, num_running + len(admitted), prefill, num_running, kv, False, 0))
+                finished = [i for i in finish_at.pop(rnd, ()) if state[i] == RUNNING and p_round[i] + o_list[i] == rnd]
+                freed = 0
+                for i in finished:
+                    del running[i]
+                    freed += s_list[i] + o_list[i]
+                if finished:
+                    for i in finished:  # few per round: element-wise beats building index arrays
+                        completion[i] = stamp
+                        done_round[i] = rnd
+                        state[i] = DONE
+                    since_completion = 0
+                    if bar is not None:
+                        bar.update(len(finished))
+                kv += (num_running - len(finished)) - freed  # survivors grow by one token each
+                for i in admitted:
+                    running[i] = None
+                    finish_at.setdefault(rnd + o_list[i], []).append(i)
+                if admitted:
+                    kv += prefill + len(admitted)
+                    for i in admitted:
+                        state[i] = RUNNING
+                        p_round[i] = rnd
+                        admit_stamp[i] = stamp
+                        if first_token[i] != first_token[i]:  # NaN: first life of this request
+                            first_sched[i] = t
+                            first_token[i] = stamp
                 t += dt
                 rnd += 1
-                clearing += 1
-                since_completion += 1
-                if since_completion >= self.stall_limit:
-                    status = "no_progress"
-                    message = (f"{since_completion} clearing events in a row without a completed request "
-                               f"(engine.stall_limit={self.stall_limit}); the policy keeps overflowing memory")
-                    break
-                continue
-            if waiting:  # a policy admits only from the queue: with none waiting there is nothing to ask
-                view = _LazyView(self, rnd, t, waiting, running, kv)
-                chosen = self._positions(self.policy.schedule(view), len(waiting), "admission", name)
-                admitted = [waiting[k] for k in chosen.tolist()]
-            else:
-                admitted = []
-            if admitted:
-                # No capacity check here: under constraint (3) an admission round is not charged; a decision
-                # that overflows later is caught by the overflow check at the start of that round.
-                if chosen.max() == len(chosen) - 1:  # a prefix of the queue (FCFS policies)
-                    del waiting[: len(chosen)]
-                else:
-                    drop = set(chosen.tolist())
-                    waiting = [w for k, w in enumerate(waiting) if k not in drop]
-            elif not running:
-                if nxt < n:
-                    t = arrival_clock(nxt)  # not arrived yet, so later than t
-                    continue
-                status = "stalled"
-                first = int(r.request_id[waiting[0]])
-                message = (f"policy '{name}' admits none of {len(waiting)} waiting request(s) on an idle engine "
-                           f"(first: request {first}, prompt {int(s[waiting[0]])}, predicted output "
-                           f"{int(self.pred[waiting[0]])}, capacity {M})")
-                break
-            num_running = len(running)
-            chunks = [(s_list[i], 0) for i in admitted]
-            dt = float(iteration_seconds(chunks, num_running, kv - num_running))
-            stamp = t if at_start else t + dt
-            prefill = sum(c for c, _ in chunks)
-            log.append((t, dt, num_running + len(admitted), prefill, num_running, kv, False, 0))
-            finished = [i for i in finish_at.pop(rnd, ()) if state[i] == RUNNING and p_round[i] + o_list[i] == rnd]
-            freed = 0
-            for i in finished:
-                del running[i]
-                freed += s_list[i] + o_list[i]
-            if finished:
-                for i in finished:  # few per round: element-wise beats building index arrays
-                    completion[i] = stamp
-                    done_round[i] = rnd
-                    state[i] = DONE
-                since_completion = 0
-                if bar is not None:
-                    bar.update(len(finished))
-            kv += (num_running - len(finished)) - freed  # survivors grow by one token each
-            for i in admitted:
-                running[i] = None
-                finish_at.setdefault(rnd + o_list[i], []).append(i)
-            if admitted:
-                kv += prefill + len(admitted)
-                for i in admitted:
-                    state[i] = RUNNING
-                    p_round[i] = rnd
-                    admit_stamp[i] = stamp
-                    if first_token[i] != first_token[i]:  # NaN: first life of this request
-                        first_sched[i] = t
-                        first_token[i] = stamp
-            t += dt
-            rnd += 1
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM turned into it by api.run: keep what is done
+            status, message = "interrupted", interrupted_message(rnd)
         if bar is not None:
             bar.close()
         if status == "completed" and (state == REJECTED).any():

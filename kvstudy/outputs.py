@@ -77,4 +77,12 @@ def write_run(folder: Path, result: EngineResult, summary: dict) -> None:
 
 
 def is_complete(folder: Path) -> bool:
-    return (Path(folder) / "summary.json").exists()
+    """A finished run: summary.json is written last, and an interrupted run's (status ``interrupted``) does not
+    count, so a resumed sweep runs it again."""
+    path = Path(folder) / "summary.json"
+    if not path.exists():
+        return False
+    try:
+        return json.loads(path.read_text()).get("status") != "interrupted"
+    except (ValueError, OSError):
+        return False

@@ -17,13 +17,15 @@ def cache_dir() -> Path:
 
 
 def load_model_arch(name: str):
-    """The ModelArch of ``conf/model/<name>.yaml``."""
+    """The ModelArch of ``conf/model/<name>.yaml``, or of a model YAML anywhere given by its path (``my/llama.yaml``):
+    a user's own model needs no file in the checkout (``python -m kvstudy.profiles build --models my/llama.yaml``,
+    then ``hydra.searchpath=[file:///my/conf] model=llama`` with the YAML in ``/my/conf/model/``)."""
     from omegaconf import OmegaConf
 
     from kvstudy.arch import ModelArch
     from kvstudy.errors import ConfigError
 
-    path = CONF_DIR / "model" / f"{name}.yaml"
+    path = Path(name) if name.endswith((".yaml", ".yml")) else CONF_DIR / "model" / f"{name}.yaml"
     if not path.exists():
         known = sorted(p.stem for p in (CONF_DIR / "model").glob("*.yaml"))
         raise ConfigError(f"unknown model '{name}'; allowed: {', '.join(known)}")

@@ -34,7 +34,8 @@ import pandas as pd
 
 from kvstudy.decode_clock import DecodeClock
 from kvstudy.latency.models import VidurLatency
-from kvstudy.engine import DONE, FUTURE, REJECTED, RUNNING, SWAPPED, WAITING, EngineResult, PolicyError
+from kvstudy.engine import (DONE, FUTURE, REJECTED, RUNNING, SWAPPED, WAITING, EngineResult, PolicyError,
+                            interrupted_message)
 from kvstudy.memory.paged import NEVER, PagedMemory
 from kvstudy.policies.step import RECOMPUTE, SWAP, Decision, StepPolicy, StepView
 from kvstudy.swap_models import SwapModel, kv_bytes_per_gpu
@@ -310,151 +311,154 @@ class StepEngine:
             from tqdm import tqdm
 
             bar = tqdm(total=n, desc=name, unit="req", leave=False)
-        while True:
-            while nxt < n and a[nxt] <= t:
-                if state[nxt] == FUTURE:
-                    state[nxt] = WAITING
-                    waiting.append(nxt)
-                nxt += 1
-            if not waiting and not running and not swapped:
-                if nxt >= n:
-                    break
-                t = a[nxt]
-                continue
-            if step >= self.max_iterations:
-                status, message = "max_iterations", f"stopped after {step} iterations (engine.max_iterations)"
-                break
-            if growing:
-                growing.clear()
-            if clock.grow_at.get(clock.D):
-                growing.update(clock.growing())
-            view.step, view.time, view.num_arrived = step, t, nxt
-            d = self.policy.step(view)
-            self._check(d, name)
-            # 1. preempt; vLLM's waiting.extendleft(preempted): the last victim (the earliest admitted) ends first
-            self.moved_out = self.moved_in = n_rec = 0
-            for i, mode in d.preempt:
-                n_rec += self._preempt(i, mode, t) == RECOMPUTE
-            if d.preempt:
-                waiting.extendleft(i for i, _ in d.preempt if state[i] == WAITING)
-            # 2. swap in; 3. prefills start (timed with the context before each chunk)
-            for i in d.swap_in:
-                self._swap_in(i, t)
-            chunks, partial = [], 0
-            for i, chunk in d.prefill:
-                if state[i] == WAITING:
-                    self._start_prefill(i, t)
-                chunks.append((chunk, prefilled[i]))
-                if prefilled[i] + chunk < target[i]:
-                    partial += chunk
-            # 4. who decodes: every running request past its prefill (decode_all, on the clock), or a list
-            listed = bool(d.decode)  # some requests named one by one (else all of them, or none: prefill only)
-            if d.decode_all:
-                for i in d.swap_in:
-                    clock.start(i, clock.gen[i])
-                n_dec = len(running) - len(prefilling)
-                ctx_now = self.decode_ctx
-                grew = [i for i in growing if clock.on[i]]  # preempted ones are off the clock
-                for i in grew:
-                    mem.hold(i, (s[i] + clock.generated(i) + bs - 1) // bs)
-                clock.grown(grew)
-            elif not listed:  # no decodes (a prefill-only step): swapped-in requests decode from the next one
-                for i in d.swap_in:
-                    clock.start(i, clock.gen[i])
-                n_dec, ctx_now = 0, 0
-            else:
-                for i in [i for i in running if clock.on[i]]:
-                    clock.stop(i)  # an iteration that decodes only some: everyone off the clock, counted one by one
-                n_dec = len(d.decode)
-                ctx_now = sum(s[i] + clock.gen[i] - 1 for i in d.decode)
-                for i in d.decode:
-                    mem.hold(i, (s[i] + clock.gen[i] + bs - 1) // bs)
-            if d.reserve:
-                for i, tokens in d.reserve.items():
-                    mem.hold(i, mem.blocks(tokens))
-                    self.reserved_ids.add(i)
-                    clock.reschedule_growth(i)
-            moved = self.moved_out or self.moved_in
-            swap_s = (swap_seconds(self.moved_out) + swap_seconds(self.moved_in)) if moved else 0.0
-            if not chunks and not n_dec:
-                t += swap_s  # copies take their time even when nothing computes
-                if not (d.preempt or d.swap_in or running or swapped) and nxt < n:
-                    t = max(t, a[nxt])  # idle: nothing runs until the next arrival
+        try:
+            while True:
+                while nxt < n and a[nxt] <= t:
+                    if state[nxt] == FUTURE:
+                        state[nxt] = WAITING
+                        waiting.append(nxt)
+                    nxt += 1
+                if not waiting and not running and not swapped:
+                    if nxt >= n:
+                        break
+                    t = a[nxt]
                     continue
-                no_token += 1
-                if no_token >= self.stall_limit:
-                    status = "stalled" if not running else "no_progress"
-                    message = (f"policy '{name}' ran no request in {no_token} iterations in a row "
-                               f"(engine.stall_limit={self.stall_limit}) with {len(waiting)} waiting, {len(running)} "
-                               f"running and {len(swapped)} swapped")
+                if step >= self.max_iterations:
+                    status, message = "max_iterations", f"stopped after {step} iterations (engine.max_iterations)"
                     break
-                continue
-            compute = float(iteration_seconds(chunks, n_dec, ctx_now))
-            dt = max(compute, swap_s) if overlap else compute + swap_s
-            end = t + dt
-            # tokens: one per decoder, one per prefill whose last chunk ran
-            self.decode_ctx += n_dec
-            finished = []
-            if d.decode_all:
-                finished = clock.tick(end)
+                if growing:
+                    growing.clear()
+                if clock.grow_at.get(clock.D):
+                    growing.update(clock.growing())
+                view.step, view.time, view.num_arrived = step, t, nxt
+                d = self.policy.step(view)
+                self._check(d, name)
+                # 1. preempt; vLLM's waiting.extendleft(preempted): the last victim (the earliest admitted) ends first
+                self.moved_out = self.moved_in = n_rec = 0
+                for i, mode in d.preempt:
+                    n_rec += self._preempt(i, mode, t) == RECOMPUTE
+                if d.preempt:
+                    waiting.extendleft(i for i, _ in d.preempt if state[i] == WAITING)
+                # 2. swap in; 3. prefills start (timed with the context before each chunk)
+                for i in d.swap_in:
+                    self._swap_in(i, t)
+                chunks, partial = [], 0
+                for i, chunk in d.prefill:
+                    if state[i] == WAITING:
+                        self._start_prefill(i, t)
+                    chunks.append((chunk, prefilled[i]))
+                    if prefilled[i] + chunk < target[i]:
+                        partial += chunk
+                # 4. who decodes: every running request past its prefill (decode_all, on the clock), or a list
+                listed = bool(d.decode)  # some requests named one by one (else all of them, or none: prefill only)
+                if d.decode_all:
+                    for i in d.swap_in:
+                        clock.start(i, clock.gen[i])
+                    n_dec = len(running) - len(prefilling)
+                    ctx_now = self.decode_ctx
+                    grew = [i for i in growing if clock.on[i]]  # preempted ones are off the clock
+                    for i in grew:
+                        mem.hold(i, (s[i] + clock.generated(i) + bs - 1) // bs)
+                    clock.grown(grew)
+                elif not listed:  # no decodes (a prefill-only step): swapped-in requests decode from the next one
+                    for i in d.swap_in:
+                        clock.start(i, clock.gen[i])
+                    n_dec, ctx_now = 0, 0
+                else:
+                    for i in [i for i in running if clock.on[i]]:
+                        clock.stop(i)  # an iteration that decodes only some: everyone off the clock, counted one by one
+                    n_dec = len(d.decode)
+                    ctx_now = sum(s[i] + clock.gen[i] - 1 for i in d.decode)
+                    for i in d.decode:
+                        mem.hold(i, (s[i] + clock.gen[i] + bs - 1) // bs)
+                if d.reserve:
+                    for i, tokens in d.reserve.items():
+                        mem.hold(i, mem.blocks(tokens))
+                        self.reserved_ids.add(i)
+                        clock.reschedule_growth(i)
+                moved = self.moved_out or self.moved_in
+                swap_s = (swap_seconds(self.moved_out) + swap_seconds(self.moved_in)) if moved else 0.0
+                if not chunks and not n_dec:
+                    t += swap_s  # copies take their time even when nothing computes
+                    if not (d.preempt or d.swap_in or running or swapped) and nxt < n:
+                        t = max(t, a[nxt])  # idle: nothing runs until the next arrival
+                        continue
+                    no_token += 1
+                    if no_token >= self.stall_limit:
+                        status = "stalled" if not running else "no_progress"
+                        message = (f"policy '{name}' ran no request in {no_token} iterations in a row "
+                                   f"(engine.stall_limit={self.stall_limit}) with {len(waiting)} waiting, {len(running)} "
+                                   f"running and {len(swapped)} swapped")
+                        break
+                    continue
+                compute = float(iteration_seconds(chunks, n_dec, ctx_now))
+                dt = max(compute, swap_s) if overlap else compute + swap_s
+                end = t + dt
+                # tokens: one per decoder, one per prefill whose last chunk ran
+                self.decode_ctx += n_dec
+                finished = []
+                if d.decode_all:
+                    finished = clock.tick(end)
+                    for i in finished:
+                        clock.stop(i)
+                elif listed:
+                    for i in d.decode:
+                        clock.gen[i] += 1
+                        self._token(i, end)
+                        if clock.gen[i] == o[i]:
+                            finished.append(i)
+                left_ctx = sum(s[i] + o[i] - 1 for i in finished) if finished else 0
+                done_at_prefill, produced, prefill_tokens = 0, n_dec, 0
+                for i, chunk in d.prefill:
+                    p = prefilled[i] + chunk
+                    prefilled[i] = p
+                    prefill_tokens += chunk
+                    self.prefill_kv += chunk
+                    if p == target[i]:
+                        prefilling.discard(i)
+                        self.prefill_kv -= p
+                        produced += 1
+                        clock.gen[i] += 1
+                        self._token(i, end)
+                        if clock.gen[i] == o[i]:
+                            finished.append(i)
+                            done_at_prefill += p
+                        else:
+                            self.decode_ctx += p  # = s + generated - 1: it decodes from the next iteration
+                if listed:  # back on the clock, all who decode from here on
+                    for i in running:
+                        if i not in prefilling and state[i] == RUNNING and clock.gen[i] < o[i]:
+                            clock.start(i, clock.gen[i])
+                else:
+                    for i, _ in d.prefill:
+                        if i not in prefilling and clock.gen[i] < o[i]:
+                            clock.start(i, clock.gen[i])
+                # KV held during this iteration (before completions free it), and blocks held beyond it
+                reserved = self._reserved_blocks() if prefilling or self.reserved_ids else 0
+                log.append((t, dt, len(chunks) + n_dec, prefill_tokens, n_dec,
+                            self.decode_ctx + self.prefill_kv + done_at_prefill, mem.capacity_tokens, False,
+                            len(d.preempt), mem.used, reserved, num_blocks - mem.used, mem.host_used, swap_s, partial, n_rec,
+                            len(d.preempt) - n_rec, len(d.swap_in)))
+                self.decode_ctx -= left_ctx
                 for i in finished:
-                    clock.stop(i)
-            elif listed:
-                for i in d.decode:
-                    clock.gen[i] += 1
-                    self._token(i, end)
-                    if clock.gen[i] == o[i]:
-                        finished.append(i)
-            left_ctx = sum(s[i] + o[i] - 1 for i in finished) if finished else 0
-            done_at_prefill, produced, prefill_tokens = 0, n_dec, 0
-            for i, chunk in d.prefill:
-                p = prefilled[i] + chunk
-                prefilled[i] = p
-                prefill_tokens += chunk
-                self.prefill_kv += chunk
-                if p == target[i]:
-                    prefilling.discard(i)
-                    self.prefill_kv -= p
-                    produced += 1
-                    clock.gen[i] += 1
-                    self._token(i, end)
-                    if clock.gen[i] == o[i]:
-                        finished.append(i)
-                        done_at_prefill += p
-                    else:
-                        self.decode_ctx += p  # = s + generated - 1: it decodes from the next iteration
-            if listed:  # back on the clock, all who decode from here on
-                for i in running:
-                    if i not in prefilling and state[i] == RUNNING and clock.gen[i] < o[i]:
-                        clock.start(i, clock.gen[i])
-            else:
-                for i, _ in d.prefill:
-                    if i not in prefilling and clock.gen[i] < o[i]:
-                        clock.start(i, clock.gen[i])
-            # KV held during this iteration (before completions free it), and blocks held beyond it
-            reserved = self._reserved_blocks() if prefilling or self.reserved_ids else 0
-            log.append((t, dt, len(chunks) + n_dec, prefill_tokens, n_dec,
-                        self.decode_ctx + self.prefill_kv + done_at_prefill, mem.capacity_tokens, False,
-                        len(d.preempt), mem.used, reserved, num_blocks - mem.used, mem.host_used, swap_s, partial, n_rec,
-                        len(d.preempt) - n_rec, len(d.swap_in)))
-            self.decode_ctx -= left_ctx
-            for i in finished:
-                self.completion[i] = end
-                state[i] = DONE
-                running.remove(i)
-                mem.release(i)
-                self.reserved_ids.discard(i)
-            completed += len(finished)
-            if bar is not None and finished:
-                bar.update(len(finished))  # tqdm redraws at most every mininterval
-            no_token = 0 if produced else no_token + 1
-            t = end
-            step += 1
-            if no_token >= self.stall_limit:
-                status = "no_progress"
-                message = (f"{no_token} iterations in a row produced no token (engine.stall_limit="
-                           f"{self.stall_limit}): policy '{name}' keeps preempting or re-prefilling")
-                break
+                    self.completion[i] = end
+                    state[i] = DONE
+                    running.remove(i)
+                    mem.release(i)
+                    self.reserved_ids.discard(i)
+                completed += len(finished)
+                if bar is not None and finished:
+                    bar.update(len(finished))  # tqdm redraws at most every mininterval
+                no_token = 0 if produced else no_token + 1
+                t = end
+                step += 1
+                if no_token >= self.stall_limit:
+                    status = "no_progress"
+                    message = (f"{no_token} iterations in a row produced no token (engine.stall_limit="
+                               f"{self.stall_limit}): policy '{name}' keeps preempting or re-prefilling")
+                    break
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM turned into it by api.run: keep what is done
+            status, message = "interrupted", interrupted_message(step)
         if bar is not None:
             bar.close()
         for i in running:  # a run stopped early: tokens of requests still on the clock

@@ -36,6 +36,9 @@ def test_every_option_composes(group, option):
         assert plain["hydra"]["mode"] == "MULTIRUN" and plain["hydra"]["sweeper"]["params"] and \
             plain["hydra"]["sweep"]["dir"]
         assert cfg.engine.progress is False
+    from kvstudy.validate import check_config
+
+    check_config(cfg)  # every shipped option passes the value checks (an experiment's capacity: auto, say)
 
 
 @pytest.mark.parametrize("latency", ["unit", "linear"])

@@ -56,6 +56,12 @@ def test_out_of_range_is_an_error_naming_the_limit(llama_tp2_latency):
 
 
 def test_warm_load_reads_cache(llama_tp2_latency):
+    from kvstudy.latency import models
+
+    again = vidur(load_model_arch("llama2_70b"), TP2, capacity_tokens=16492)
+    assert again.info["source"] == "memory"  # the same process keeps what it loaded (sweep workers run many runs)
+    assert again.tables is llama_tp2_latency.tables
+    models._LOADED.clear()
     again = vidur(load_model_arch("llama2_70b"), TP2, capacity_tokens=16492)
     assert again.info["source"] == "cache"
     assert again.info["cache_key"] == llama_tp2_latency.info["cache_key"]

@@ -6,6 +6,7 @@ import sys
 import time
 
 import pandas as pd
+import pytest
 
 from kvstudy import analysis
 from kvstudy.paths import REPO_ROOT
@@ -50,9 +51,10 @@ def test_submitit_local_launcher(tmp_path):
     assert sorted(df["policy.name"]) == ["mc_benchmark", "mcsf"]
 
 
-def test_no_state_leaks_between_jobs_of_one_worker(tmp_path):
-    """One joblib worker runs seed 1 then seed 0; seed 0 must equal a run in a fresh process."""
-    sweep = kvstudy("-m", *BASE, "workload.num_requests=300", "seed=1,0", "hydra/launcher=joblib",
+@pytest.mark.parametrize("launcher", ["joblib", "kvstudy"])
+def test_no_state_leaks_between_jobs_of_one_worker(tmp_path, launcher):
+    """One worker runs seed 1 then seed 0; seed 0 must equal a run in a fresh process (joblib and kvstudy launchers)."""
+    sweep = kvstudy("-m", *BASE, "workload.num_requests=300", "seed=1,0", f"hydra/launcher={launcher}",
                     "hydra.launcher.n_jobs=1", f"hydra.sweep.dir={tmp_path / 'sweep'}")
     assert sweep.returncode == 0, sweep.stderr[-2000:]
     alone = kvstudy(*BASE, "workload.num_requests=300", "seed=0", f"hydra.run.dir={tmp_path / 'alone'}")
@@ -61,3 +63,22 @@ def test_no_state_leaks_between_jobs_of_one_worker(tmp_path):
     a = pd.read_parquet(in_sweep / "requests.parquet")
     b = pd.read_parquet(tmp_path / "alone" / "requests.parquet")
     assert a.equals(b)
+
+
+def test_kvstudy_launcher_gives_the_same_folders_configs_and_results_as_hydras(tmp_path):
+    """The default launcher (one composition per group choice, many runs per worker) against Hydra's basic
+    launcher (one full composition and run_job per run), on a small Table 1 with a group sweep and a plain one."""
+    args = ["+experiment=table1", "seed=0,1", "workload.num_requests=60", "latency=linear",
+            "+algo=mcsf,a020_b010,mc_benchmark", "hardware=a100_tp2,a100_vidur_default"]
+    ours = kvstudy(*args, f"hydra.sweep.dir={tmp_path / 'ours'}/${{hardware.name}}")
+    theirs = kvstudy(*args, "hydra/launcher=basic", f"hydra.sweep.dir={tmp_path / 'theirs'}/${{hardware.name}}")
+    assert ours.returncode == 0 and theirs.returncode == 0, (ours.stderr[-2000:], theirs.stderr[-2000:])
+    mine = sorted(p.parent.relative_to(tmp_path / "ours") for p in (tmp_path / "ours").rglob("summary.json"))
+    hydra = sorted(p.parent.relative_to(tmp_path / "theirs") for p in (tmp_path / "theirs").rglob("summary.json"))
+    assert mine == hydra and len(mine) == 12
+    for rel in mine:
+        a, b = tmp_path / "ours" / rel, tmp_path / "theirs" / rel
+        assert (a / "resolved_config.yaml").read_text() == (b / "resolved_config.yaml").read_text()
+        assert pd.read_parquet(a / "requests.parquet").equals(pd.read_parquet(b / "requests.parquet"))
+    again = kvstudy(*args, f"hydra.sweep.dir={tmp_path / 'theirs'}/${{hardware.name}}")  # resume Hydra's folders
+    assert again.returncode == 0 and again.stdout.count("complete already, skipped") == 12, again.stdout[-2000:]

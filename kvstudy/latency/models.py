@@ -12,6 +12,8 @@ attention on the mean context, so the sum is all it needs).
 """
 from __future__ import annotations
 
+import sys
+import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -97,17 +99,31 @@ def profile_files(arch: ModelArch, hw: HardwareSpec, profiles_root: Optional[str
 def _check_tp_rows(files: ProfileFiles, arch: ModelArch, tp: int) -> None:
     import pandas as pd
 
-    mlp = pd.read_csv(files.mlp, usecols=["n_head", "n_embd", "n_expanded_embd", "num_tensor_parallel_workers"])
+    header = pd.read_csv(files.mlp, nrows=0).columns
+    cols = ["n_head", "n_embd", "n_expanded_embd", "num_tensor_parallel_workers"]
+    mlp = pd.read_csv(files.mlp, usecols=cols + (["vocab_size"] if "vocab_size" in header else []))
     rows = mlp[(mlp.n_head == arch.num_q_heads) & (mlp.n_embd == arch.embedding_dim)
                & (mlp.n_expanded_embd == arch.mlp_hidden_dim)]
+    if "vocab_size" in rows and len(rows):
+        # Vidur selects its training rows by vocab size too; a mismatch leaves it none ("Training data for model
+        # attn_pre_proj is empty" from deep inside), so it is named here with both values
+        vocabs = sorted(int(v) for v in rows.vocab_size.unique())
+        if arch.vocab_size not in vocabs:
+            raise ConfigError(f"model '{arch.name}' has vocab_size={arch.vocab_size} but its profile {files.mlp} was "
+                              f"measured with vocab_size {', '.join(map(str, vocabs))}; set vocab_size in the model "
+                              f"config to the profile's, or profile this model (python -m kvstudy.profiles build)")
     tps = sorted(int(t) for t in rows.num_tensor_parallel_workers.unique())
     if tp not in tps:
         raise ConfigError(f"model '{arch.name}' has no profile rows at tensor_parallel={tp} in {files.mlp}; "
                           f"profiled TP sizes: {tps or 'none (dimensions do not match this model)'}")
 
 
+#: the largest latency table (tokens per iteration) kvstudy builds: 2^24, far beyond any KV pool of these GPUs
+MAX_TABLE_TOKENS = 1 << 24
+
+
 def vidur_cache_folder(key: str) -> Path:
-    """Where one trained build lives: ``tables.npz`` plus Vidur's own cache in ``vidur/``."""
+    """Where one trained build lives: ``tables.npz`` (Vidur's own cache is made in a scratch folder and dropped)."""
     return cache_dir() / "vidur" / key
 
 
@@ -116,11 +132,15 @@ def vidur(arch: ModelArch, hardware: HardwareSpec, capacity_tokens: int = 0, pro
           **settings_kw) -> VidurLatency:
     """Load Vidur's tables from the cache, or train Vidur's predictor once and cache them."""
     files = profile_files(arch, hardware, profiles_root, compute_dir, network_dir)
-    files.check()
-    _check_tp_rows(files, arch, hardware.tensor_parallel)
     if max_tokens == "auto":
         need = max(capacity_tokens, arch.max_model_len)
         max_tokens = 1 << (need - 1).bit_length()
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+        raise ConfigError(f"latency.max_tokens={max_tokens!r}: allowed auto or a whole number >= 1")
+    if max_tokens > MAX_TABLE_TOKENS:
+        raise ConfigError(f"the latency table would cover {max_tokens:,} tokens per iteration (memory.capacity_tokens="
+                          f"{capacity_tokens:,}); allowed at most {MAX_TABLE_TOKENS:,}: lower memory.capacity_tokens "
+                          f"or set latency.max_tokens (an iteration above it is then an error, never a clamp)")
     for key in ("num_estimators", "max_depth", "min_samples_split", "polynomial_degree"):
         if key in settings_kw:
             settings_kw[key] = tuple(settings_kw[key])
@@ -129,19 +149,47 @@ def vidur(arch: ModelArch, hardware: HardwareSpec, capacity_tokens: int = 0, pro
     settings = PredictorSettings(max_tokens=int(max_tokens),
                                  max_prefill_chunk=min(settings_kw.pop("max_prefill_chunk", arch.max_model_len),
                                                        arch.max_model_len), **settings_kw)
+    started = time.perf_counter()
+    # a sweep worker runs many configs of one model and hardware: keep what it loaded, keyed by everything the
+    # tables depend on plus each profile file's size and modification time (so an edited profile is re-read)
+    paths = [Path(p) for p in (files.mlp, files.attention, files.all_reduce, files.send_recv)]
+    stamp = tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) if p.exists() else (str(p),) for p in paths)
+    memo_key = (arch.fingerprint(), repr(hardware), repr(settings), stamp, str(cache_dir()))
+    if memo_key in _LOADED:
+        key, tables = _LOADED[memo_key]
+        return VidurLatency(tables, _info("memory", started, key, files, settings, tables), settings)
+    files.check()
+    _check_tp_rows(files, arch, hardware.tensor_parallel)
     key = cache_key(files, arch.fingerprint(), hardware, settings)
     folder = vidur_cache_folder(key)
-    started = time.perf_counter()
     tables = VidurTables.load(folder / "tables.npz")
     source = "cache"
     if tables is None:
         from kvstudy.latency import vidur_adapter  # the only vidur import, needed on a cold build only
 
-        predictor = vidur_adapter.make_predictor(arch, hardware, files, settings, str(folder / "vidur"))
-        tables = vidur_adapter.tables_from_predictor(predictor, arch, hardware, settings)
+        minutes = " (a large table: this can take several minutes)" if settings.max_tokens > 65536 else ""
+        print(f"training Vidur's predictor for {arch.name} on {hardware.name}, iterations up to "
+              f"{settings.max_tokens:,} tokens: once per model, hardware and settings, typically 20-90 s{minutes}; "
+              f"cached in {folder}", file=sys.stderr, flush=True)
+        folder.mkdir(parents=True, exist_ok=True)
+        # Vidur writes its own model cache as it trains; a build killed part-way would leave truncated files there
+        # that the next build would load. Each build gets a fresh folder, removed afterwards: only tables.npz
+        # (written atomically) is kept.
+        with tempfile.TemporaryDirectory(prefix="vidur-build-", dir=folder) as scratch:
+            predictor = vidur_adapter.make_predictor(arch, hardware, files, settings, scratch)
+            tables = vidur_adapter.tables_from_predictor(predictor, arch, hardware, settings)
         tables.save(folder / "tables.npz")
         source = "trained"
-    info = {"source": source, "load_seconds": round(time.perf_counter() - started, 3), "cache_key": key,
+    _LOADED[memo_key] = (key, tables)
+    return VidurLatency(tables, _info(source, started, key, files, settings, tables), settings)
+
+
+#: tables loaded in this process (read-only arrays), see ``vidur``
+_LOADED: dict = {}
+
+
+def _info(source: str, started: float, key: str, files: ProfileFiles, settings: PredictorSettings,
+          tables: VidurTables) -> dict:
+    return {"source": source, "load_seconds": round(time.perf_counter() - started, 3), "cache_key": key,
             "profiles": str(files.mlp.parent), "network": str(files.all_reduce.parent),
             "settings": asdict(settings), "cv_mape_pct": tables.cv_mape_pct}
-    return VidurLatency(tables, info, settings)

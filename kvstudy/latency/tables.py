@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, Optional, Sequence, Tuple
@@ -178,9 +179,15 @@ class VidurTables:
 
     @classmethod
     def load(cls, path: Path) -> Optional["VidurTables"]:
+        """The cached tables, or None when there are none, or when the file cannot be read (a copy cut short by
+        a full disk, say): then a warning names it and the caller rebuilds and replaces it atomically."""
         if not Path(path).exists():
             return None
-        with np.load(path) as data:
-            meta = json.loads(str(data["meta"]))
-            return cls(per_token_ms=data["per_token_ms"], decode_ms=data["decode_ms"], prefill_ms=data["prefill_ms"],
-                       send_recv_ms=data["send_recv_ms"], **meta)
+        try:
+            with np.load(path) as data:
+                meta = json.loads(str(data["meta"]))
+                return cls(per_token_ms=data["per_token_ms"], decode_ms=data["decode_ms"],
+                           prefill_ms=data["prefill_ms"], send_recv_ms=data["send_recv_ms"], **meta)
+        except Exception as exc:  # any damage: zip, compression, missing array, bad metadata
+            warnings.warn(f"{path}: damaged predictor cache ({type(exc).__name__}: {exc}); rebuilding it", stacklevel=2)
+            return None

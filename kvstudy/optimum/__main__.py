@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from kvstudy.errors import cli_entry
+from kvstudy.errors import ConfigError, cli_entry
 from kvstudy.optimum.cpsat import DEFAULT_FORMULATION, FORMULATIONS
 from kvstudy.optimum.study import StudyStopped, seconds_spent, study
 
@@ -79,6 +79,18 @@ def main(argv=None) -> int:
     bnd.add_argument("--no-lp", action="store_true", help="volume bound only")
     bnd.add_argument("--lp-time-limit", type=float, default=600.0)
     args = parser.parse_args(argv)
+    if args.command == "adversary":
+        bad = [m for m in args.M if m < 4]
+        if bad:
+            raise ConfigError(f"--M {bad[0]}: allowed whole numbers >= 4 (the instance needs M/2 short requests and "
+                              f"a long one of M - 1 tokens)")
+    if args.command == "study":
+        for flag, value in (("--trials", args.trials), ("--time-limit", args.time_limit), ("--lns", args.lns),
+                            ("--jobs", args.jobs - 1), ("--lns-window", args.lns_window - 1)):
+            if value < 0:
+                low = {"--jobs": "1", "--lns-window": "1"}.get(flag, "0")
+                shown = getattr(args, flag[2:].replace("-", "_"))
+                raise ConfigError(f"{flag} {shown}: allowed {low} or more")
     if args.command == "bound":
         from kvstudy.optimum.at_scale import gap_bound
 
@@ -121,6 +133,11 @@ def main(argv=None) -> int:
         (f"_{args.cpsat_formulation}" if args.cpsat and args.cpsat_formulation != DEFAULT_FORMULATION else "") + \
         ("_warm" if args.warm_start else "")
     out = args.out or Path(f"outputs/optimum/model{args.model}{tag}.parquet")
+    if out.is_dir():
+        raise ConfigError(f"--out {out}: a directory; allowed a .parquet file path (e.g. {out / 'study.parquet'})")
+    if out.exists() and not args.resume:
+        raise ConfigError(f"--out {out} exists; add --resume to keep its trials and run only the others, or choose "
+                          f"another file (a study file is never overwritten)")
     try:
         df = study(args.model, args.trials, args.time_limit, args.seed, args.lns, args.lns_window, args.solver,
                    args.cut, args.lp, args.exact_max_n, args.lns_span, args.cpsat, out=out, resume=args.resume,

@@ -12,7 +12,7 @@ under the ``oracle`` predictor).
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Iterator, Optional, Tuple
 
 import numpy as np
 
@@ -48,6 +48,17 @@ class SchedulerView:
         """Prompt lengths of the first ``k`` waiting requests (arrival order), without building the rest."""
         return self.waiting_prompt[:k]
 
+    def ordered_waiting(self, by: str) -> Iterator[Tuple[int, int, int]]:
+        """(position, prompt, predicted output) of each waiting request, lazily, in arrival order (``by="arrival"``,
+        ``fifo_order``) or shortest predicted output first (``by="predicted"``, ``shortest_predicted_order``: eq. (6)
+        of Jaillet et al., ties by arrival, then id). A policy that stops at the first request that does not fit
+        pays only for the requests it reads: the engine's view serves this from an order it keeps as requests
+        join and leave the queue, so a decision costs the same at any queue length (issue 27)."""
+        order = fifo_order(self) if by == "arrival" else shortest_predicted_order(self)
+        prompts, predicted = self.waiting_prompt, self.waiting_predicted
+        for pos in order.tolist():
+            yield pos, int(prompts[pos]), int(predicted[pos])
+
 
 class Policy:
     """Base class: subclasses implement ``order`` and ``admit``; ``on_overflow`` defaults to clearing all."""
@@ -65,6 +76,10 @@ class Policy:
     def admit(self, view: SchedulerView, order: np.ndarray) -> np.ndarray:
         """Positions (a subset of ``order``) of the waiting requests to start now."""
         raise NotImplementedError
+
+    #: "arrival" or "predicted" if the policy reads the queue only through ``view.ordered_waiting`` in that order:
+    #: the engine then keeps that order as requests join and leave (None: it keeps nothing extra)
+    waiting_order: Optional[str] = None
 
     def schedule(self, view: SchedulerView) -> np.ndarray:
         if view.num_waiting == 0:

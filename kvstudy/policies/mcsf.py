@@ -37,11 +37,27 @@ class PrefixFutureMemoryPolicy(Policy):
             taken += 1
         return order[:taken]
 
+    def schedule(self, view: SchedulerView) -> np.ndarray:
+        """Same decision as ``admit(view, order(view))`` (a test pins this), computed without reading the whole
+        queue: the view yields the waiting requests in this policy's order and the walk stops at the first that
+        fails eq. (5), as Algs. 1 and 2 do, so an iteration costs the same at any queue length."""
+        if view.num_waiting == 0:
+            return np.empty(0, dtype=np.int64)
+        budget = int(np.floor((1.0 - self.margin) * view.capacity))
+        memory = FutureMemory(budget, *running_terms(view))
+        taken = []
+        for pos, prompt, predicted in view.ordered_waiting(self.waiting_order):
+            if not memory.try_add(prompt, predicted):
+                break
+            taken.append(pos)
+        return np.asarray(taken, dtype=np.int64)
+
 
 class MCSF(PrefixFutureMemoryPolicy):
     """Memory-Constrained Shortest-First, Alg. 1 / eq. (6)."""
 
     name = "mcsf"
+    waiting_order = "predicted"
 
     def order(self, view: SchedulerView) -> np.ndarray:
         return shortest_predicted_order(view)
@@ -51,6 +67,7 @@ class MCBenchmark(PrefixFutureMemoryPolicy):
     """Memory-Constrained Benchmark, Alg. 2: the eq. (5) check in arrival order."""
 
     name = "mc_benchmark"
+    waiting_order = "arrival"
 
     def order(self, view: SchedulerView) -> np.ndarray:
         return fifo_order(view)

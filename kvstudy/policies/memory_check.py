@@ -24,16 +24,22 @@ class FutureMemory:
         keep = running_d >= 1
         self.w = running_w[keep].astype(np.int64)
         self.d = running_d[keep].astype(np.int64)
-        pts = np.unique(self.d)
-        if len(pts):
+        if len(self.d):
             order = np.argsort(self.d)
             d_sorted, w_sorted = self.d[order], self.w[order]
+            # the distinct check points, as np.unique gives them, from the sort done anyway (np.unique costs a
+            # second sort per round; this loop runs every iteration)
+            distinct = np.empty(len(d_sorted), dtype=bool)
+            distinct[0] = True
+            np.not_equal(d_sorted[1:], d_sorted[:-1], out=distinct[1:])
+            pts = d_sorted[distinct]
             # Suffix sums over requests with d >= tau for each check point tau.
             suffix_w = np.concatenate((np.cumsum(w_sorted[::-1])[::-1], [0]))
             first = np.searchsorted(d_sorted, pts, side="left")
             count = len(d_sorted) - first
             self.mem = suffix_w[first] + pts * count
         else:
+            pts = np.empty(0, dtype=np.int64)
             self.mem = np.empty(0, dtype=np.int64)
         self.pts = pts
 

@@ -19,7 +19,8 @@ def main(argv=None) -> int:
     cal.add_argument("--out", type=Path, default=CALIBRATION_FILE)
     build = sub.add_parser("build", help="write Vidur-schema CSVs for every conf/model/*.yaml")
     build.add_argument("--out", type=Path, default=PROFILES_DIR)
-    build.add_argument("--models", nargs="*", default=None, help="model config names (default: all)")
+    build.add_argument("--models", nargs="*", default=None,
+                       help="model config names, or paths of model YAMLs outside the checkout (default: all of conf/model)")
     build.add_argument("--calibration", type=Path, default=CALIBRATION_FILE)
     build.add_argument("--device", default=None, help="GPU of kvstudy.profiles.gpu_model.DEVICES (default a100; "
                                                       "others are uncalibrated)")

@@ -34,12 +34,19 @@ OUTPUT_MU, OUTPUT_SIGMA = np.log(45.0), np.sqrt(2 * np.log(85.32 / 45.0))
 def synthetic_lengths(num_requests: int, rng: np.random.Generator, max_total_tokens: int) -> pd.DataFrame:
     prompt = np.empty(num_requests, dtype=np.int64)
     output = np.empty(num_requests, dtype=np.int64)
+    if max_total_tokens < 2:
+        raise DataError(f"workload.max_total_tokens={max_total_tokens}: allowed >= 2 (one prompt and one output token)")
     todo = np.arange(num_requests)
+    drawn = 0
     while len(todo):
         s = np.maximum(1, np.rint(rng.lognormal(PROMPT_MU, PROMPT_SIGMA, len(todo)))).astype(np.int64)
         o = np.maximum(1, np.rint(rng.lognormal(OUTPUT_MU, OUTPUT_SIGMA, len(todo)))).astype(np.int64)
         prompt[todo], output[todo] = s, o
+        drawn += len(todo)
         todo = todo[s + o > max_total_tokens]
+        if len(todo) and drawn > 1000 * num_requests:  # a bound so a tiny limit ends in a message, not a hang
+            raise DataError(f"workload.max_total_tokens={max_total_tokens}: fewer than 1 in 1,000 LMSYS-like requests "
+                            f"fit in it; allowed a limit that leaves a workload (e.g. >= 64)")
     return pd.DataFrame({"prompt_tokens": prompt, "output_tokens": output})
 
 

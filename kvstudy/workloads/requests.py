@@ -13,7 +13,8 @@ from kvstudy.errors import DataError
 
 @dataclass
 class Requests:
-    """Requests sorted by arrival time (ties keep input order); ``request_id`` is the input row."""
+    """Requests sorted by arrival time (ties keep input order); ``request_id`` is the input row, or for a trace
+    the file's row (or its own id column), so results join back to the file."""
 
     request_id: np.ndarray
     arrival_time: np.ndarray
@@ -42,9 +43,12 @@ def _int_column(values, name: str, source: str, minimum: int) -> np.ndarray:
 
 
 def make_requests(arrival_time, prompt_tokens, output_tokens, source: str, predicted=None,
-                  sort: str = "warn") -> Requests:
+                  sort: str = "warn", request_id=None) -> Requests:
     """Validate and sort. Unsorted arrivals are re-sorted with a warning saying how many rows moved
-    (``sort="warn"``) or rejected (``sort="error"``)."""
+    (``sort="warn"``) or rejected (``sort="error"``). ``request_id``: the ids to report (a trace's own id column,
+    or its file rows); default the input position. Ids must be distinct whole numbers >= 0."""
+    if len(pd.Series(prompt_tokens)) == 0:
+        raise DataError(f"{source}: no requests (an empty table); allowed: at least one row")
     prompt = _int_column(prompt_tokens, "prompt_tokens", source, 1)
     output = _int_column(output_tokens, "output_tokens", source, 1)
     arrival = pd.to_numeric(pd.Series(arrival_time), errors="coerce").to_numpy(dtype=float)
@@ -59,5 +63,10 @@ def make_requests(arrival_time, prompt_tokens, output_tokens, source: str, predi
         if sort == "error":
             raise DataError(f"{source}: arrival times are not sorted ({moved} rows out of order)")
         warnings.warn(f"{source}: arrival times were not sorted; re-sorted, {moved} rows moved", stacklevel=2)
-    ids = np.arange(len(prompt))[order]
+    ids = np.arange(len(prompt)) if request_id is None else _int_column(request_id, "request_id", source, 0)
+    if len(np.unique(ids)) != len(ids):
+        values, counts = np.unique(ids, return_counts=True)
+        raise DataError(f"{source}: column 'request_id' repeats id {int(values[counts > 1][0])} "
+                        f"({int((counts > 1).sum())} id(s) repeated); allowed: distinct ids")
+    ids = ids[order]
     return Requests(ids, arrival[order], prompt[order], output[order], None if pred is None else pred[order])

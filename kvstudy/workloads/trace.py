@@ -22,7 +22,11 @@ ALIASES = {
     "output_tokens": ["output_tokens", "num_decode_tokens"],
     "arrival_time": ["arrival_time", "arrived_at"],
     "predicted_output_tokens": ["predicted_output_tokens"],
+    "request_id": ["request_id"],
 }
+#: numeric timestamps read as seconds that span more than this are probably milliseconds (a warning says so)
+SUSPECT_SPAN_S = 7 * 86400
+OVER_CONTEXT = ("keep", "drop", "truncate")
 
 
 def read_table(path: Path) -> pd.DataFrame:
@@ -47,6 +51,14 @@ def _to_seconds(values: pd.Series, unit: str, source: str) -> np.ndarray:
         if scale is None:
             raise DataError(f"workload.time_unit={unit!r}: allowed s, ms")
         seconds = values.to_numpy(dtype=float) * scale
+        neg = np.flatnonzero(seconds < 0)
+        if len(neg):
+            raise DataError(f"{source}: arrival_time row {int(neg[0])} is negative ({values.iloc[int(neg[0])]!r}; "
+                            f"{len(neg)} row(s)); allowed: times >= 0 (they are shifted so the first request is at 0)")
+        span = float(np.nanmax(seconds) - np.nanmin(seconds)) if len(seconds) else 0.0
+        if unit == "s" and span > SUSPECT_SPAN_S:
+            warnings.warn(f"{source}: arrival_time spans {span / 86400:.1f} days read as seconds; if the file holds "
+                          f"milliseconds set workload.time_unit=ms", stacklevel=3)
     else:
         parsed = pd.to_datetime(values, errors="coerce", utc=True, format="mixed")
         if parsed.isna().any():
@@ -64,7 +76,7 @@ SAMPLING = ("with_replacement", "without_replacement")
 def trace(path: str, columns: Optional[Dict[str, str]] = None, time_unit: str = "s",
           num_requests: Optional[int] = None, drop_over_context: bool = False,
           max_model_len: Optional[int] = None, sample: Optional[str] = None, rate_scale: float = 1.0,
-          rng: Optional[np.random.Generator] = None) -> pd.DataFrame:
+          rng: Optional[np.random.Generator] = None, over_context: str = "keep") -> pd.DataFrame:
     """Read a trace. ``drop_over_context=True`` drops (with a warning giving the count) requests whose
     prompt is longer than the model's context; by default such a request is an error, never a silent change.
 
@@ -73,7 +85,15 @@ def trace(path: str, columns: Optional[Dict[str, str]] = None, time_unit: str = 
     ``workload.length_seed``), kept in the trace's row order so their timestamps stay ordered; drawn with
     replacement, a row can repeat (with its timestamp, unless ``+demand=`` gives new arrivals), so a trace can
     feed a volume sweep larger than itself. ``rate_scale`` divides the arrival times: 2 replays the trace at
-    twice its rate."""
+    twice its rate.
+
+    ``over_context``: what to do with a request whose prompt + output exceeds the model's context (a real server
+    stops generating at the limit): ``keep`` simulates it as given (a warning counts them), ``drop`` removes it,
+    ``truncate`` caps its output at context − prompt; each counts what it changed in a warning. The result keeps
+    the file's row number as ``request_id`` (or the file's own ``request_id`` column), so runs join back to it;
+    sampled with replacement, where a row can repeat, the ids are the positions in the draw."""
+    if over_context not in OVER_CONTEXT:
+        raise DataError(f"workload.over_context={over_context!r}: allowed {', '.join(OVER_CONTEXT)}")
     if sample is not None and sample not in SAMPLING:
         raise DataError(f"workload.sample={sample!r}: allowed {', '.join(SAMPLING)} or null (the first rows)")
     if isinstance(rate_scale, bool) or not isinstance(rate_scale, (int, float)) or not rate_scale > 0:
@@ -96,6 +116,10 @@ def trace(path: str, columns: Optional[Dict[str, str]] = None, time_unit: str = 
             continue
         out[field] = raw[found]
     df = pd.DataFrame(out)
+    if not len(df):
+        raise DataError(f"{path}: no requests (the file has a header but no rows); allowed: at least one row")
+    if "request_id" not in df:
+        df["request_id"] = np.arange(len(df))  # the file's row, kept through drops and sampling
     if "arrival_time" in df:
         df["arrival_time"] = _to_seconds(df["arrival_time"], time_unit, path)
     if drop_over_context and max_model_len:
@@ -104,6 +128,22 @@ def trace(path: str, columns: Optional[Dict[str, str]] = None, time_unit: str = 
             warnings.warn(f"{path}: dropped {int(over.sum())} of {len(df)} requests with prompts longer than the "
                           f"model context {max_model_len} (workload.drop_over_context=true)", stacklevel=2)
             df = df[~over].reset_index(drop=True)
+    if max_model_len:
+        prompt = pd.to_numeric(df["prompt_tokens"], errors="coerce")
+        total = prompt + pd.to_numeric(df["output_tokens"], errors="coerce")
+        long = (total > max_model_len) & (prompt <= max_model_len)
+        if long.any():
+            count = f"{int(long.sum())} of {len(df)} requests whose prompt + output exceeds the model context {max_model_len}"
+            if over_context == "drop":
+                warnings.warn(f"{path}: dropped {count} (workload.over_context=drop)", stacklevel=2)
+                df = df[~long].reset_index(drop=True)
+            elif over_context == "truncate":
+                warnings.warn(f"{path}: output capped at context - prompt for {count} (workload.over_context="
+                              f"truncate)", stacklevel=2)
+                df.loc[long, "output_tokens"] = (max_model_len - prompt[long]).astype(np.int64)
+            else:
+                warnings.warn(f"{path}: {count}: simulated as given (workload.over_context=keep; drop or "
+                              f"truncate them instead)", stacklevel=2)
     if sample is not None:
         if not num_requests:
             raise DataError(f"workload.sample={sample}: set workload.num_requests, the number of requests to draw")
@@ -112,7 +152,9 @@ def trace(path: str, columns: Optional[Dict[str, str]] = None, time_unit: str = 
                             f"without replacement; use workload.sample=with_replacement")
         rng = rng if rng is not None else np.random.default_rng(0)
         rows = np.sort(rng.choice(len(df), size=num_requests, replace=sample == "with_replacement"))
-        df = df.iloc[rows]
+        df = df.iloc[rows].copy()
+        if sample == "with_replacement":  # a row can repeat, so ids are the draw's positions, not file rows
+            df["request_id"] = np.arange(len(df))
     elif num_requests:
         if num_requests > len(df):
             raise DataError(f"workload.num_requests={num_requests} but {path} has only {len(df)} rows")

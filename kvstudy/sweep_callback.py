@@ -1,0 +1,29 @@
+"""A sweep in which some runs fail still finishes the others (issue 27).
+
+In a multirun, ``python -m kvstudy`` records a run's user error in that run's folder (``error.txt``) instead
+of stopping the whole sweep; this Hydra callback (registered in ``conf/config.yaml``) then counts the failed
+runs when the sweep ends, prints one line per failure and exits with status 2, so a script or a scheduler sees
+that the sweep is incomplete. Re-running the sweep redoes only the failed and unfinished runs.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+ERROR_FILE = "error.txt"
+
+
+class FailedRuns(Callback):
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        root = Path(config.hydra.sweep.dir)
+        failed = sorted(p for p in root.rglob(ERROR_FILE)) if root.exists() else []
+        if not failed:
+            return
+        for path in failed:
+            print(f"error: {path.parent}: {path.read_text().strip().splitlines()[0]}", file=sys.stderr)
+        print(f"error: {len(failed)} run(s) of the sweep in {root} failed (above); the others finished",
+              file=sys.stderr)
+        sys.exit(2)

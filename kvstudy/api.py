@@ -146,7 +146,7 @@ def build_requests(cfg: DictConfig, arch: ModelArch, seed_seq: np.random.SeedSeq
         if isinstance(length_seed, bool) or not isinstance(length_seed, int) or length_seed < 0:
             raise ConfigError(f"workload.length_seed={length_seed!r}: a whole number >= 0, or null (= seed)")
         lengths_ss = np.random.SeedSequence(length_seed).spawn(3)[0]
-    if wl.get("_target_", "").rsplit(".", 1)[-1] in ("lmsys", "trace"):  # workloads that draw with a generator
+    if wl.get("_target_", "").rsplit(".", 1)[-1] in ("lmsys", "trace", "cacheopt_trace"):  # they draw with a generator
         df = _instantiate(wl, rng=np.random.default_rng(lengths_ss), max_model_len=arch.max_model_len)
     else:
         df = _instantiate(wl, max_model_len=arch.max_model_len)

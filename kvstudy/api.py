@@ -152,7 +152,13 @@ def build_requests(cfg: DictConfig, arch: ModelArch, seed_seq: np.random.SeedSeq
         df = _instantiate(wl, max_model_len=arch.max_model_len)
     demand = _plain(cfg.demand) if "demand" in cfg and cfg.demand is not None else None
     if demand is not None:
-        times = arrivals(demand.get("kind", "poisson"), len(df), np.random.default_rng(arrival_ss), demand.get("rate"))
+        rate = demand.get("rate")
+        if rate is None and demand.get("kind", "poisson") == "poisson":
+            raise ConfigError(f"+demand={demand.get('name')} has no rate for workload '{name}' (demand.rate); "
+                              f"table1_rate needs workload=alpaca, sharegpt or bookcorpus, or set demand.rate")
+        if demand.get("scale") is not None and rate is not None:  # +demand=table1_rate: a multiple of the trace's rate
+            rate = float(rate) * float(demand["scale"])
+        times = arrivals(demand.get("kind", "poisson"), len(df), np.random.default_rng(arrival_ss), rate)
     elif "arrival_time" in df:
         times = df["arrival_time"].to_numpy()
     else:

@@ -58,3 +58,4 @@ def test_exact_predictions_never_preempt(cls):
     prompt, output = rng.integers(1, 40, 60), rng.integers(1, 60, 60)
     res = run(cls(), prompt, output, output, capacity=2048)
     assert res.status == "completed" and (res.requests["preemptions"] == 0).all()
+

@@ -112,8 +112,9 @@ def _read_token_csv(path: Path) -> pd.DataFrame:
 
 
 def cacheopt_trace(trace: str, num_requests: int, rng: np.random.Generator, max_model_len: int,
-                   path: Optional[str] = None) -> pd.DataFrame:
-    """``num_requests`` requests of one of Table 1's traces (no arrival times: choose a ``+demand``)."""
+                   path: Optional[str] = None, rate: Optional[float] = None) -> pd.DataFrame:
+    """``num_requests`` requests of one of Table 1's traces (no arrival times: choose a ``+demand``; ``rate`` is
+    Table 1's mean arrival rate, read by ``+demand=table1_rate``)."""
     if trace not in TABLE1:
         raise DataError(f"workload.trace={trace!r}: allowed {', '.join(TABLE1)}")
     if num_requests < 1:

@@ -1,0 +1,50 @@
+"""CacheOPT's components on hand-worked cases (issue 25's acceptance list): embedding feasibility and the conflict
+rule, the allocation cases Sum M = A, < A, > A, the preemption bucket order and swap-or-recompute."""
+import numpy as np
+import pytest
+
+from kvstudy.cacheopt.allocation import allocate
+from kvstudy.cacheopt.embedding import best_host, conflict, feasible, region
+from kvstudy.cacheopt.preemption import choose_mode, tbt_bucket, victim_order
+
+
+def test_embedding_feasibility_best_fit_and_conflict():
+    # host: 400 allocated, 100 used; guest: prompt 50, output 60, buffer 8: 400 - 160 - 110 = 130 >= 8
+    assert feasible(400, 100, 50, 60, 8)
+    assert feasible(278, 100, 50, 60, 8) and not feasible(277, 100, 50, 60, 8)  # 278 - 160 - 110 = 8: the edge
+    # three hosts: (a, u) = (400, 100) slack 300, (300, 100) slack 200, (250, 100) does not fit: the best fit is #1
+    assert best_host([400, 300, 250], [100, 100, 100], 50, 60, 8) == 1
+    assert best_host([200], [100], 50, 60, 8) is None
+    assert region(400, 50, 60) == (290, 400)
+    assert not conflict(281, 400, 50, 60, 8) and conflict(282, 400, 50, 60, 8)  # 282 + 8 reaches 290
+
+
+def test_allocation_cases():
+    want, base = np.array([100.0, 100.0]), np.array([10.0, 10.0])
+    slack, prompt, output = np.array([1.0, 3.0]), np.array([50.0, 50.0]), np.array([50.0, 50.0])
+    a, left = allocate(want, base, slack, prompt, output, pool=200)  # Sum M = A
+    assert a.tolist() == [100.0, 100.0] and left == 0.0
+    a, left = allocate(want, base, slack, prompt, output, pool=260)  # Sum M < A
+    assert a.tolist() == [100.0, 100.0] and left == 60.0
+    a, _ = allocate(want, base, slack, prompt, output, pool=120)  # Sum M > A: cuts E = 80 in proportion to RT s_o
+    assert a == pytest.approx([80.0, 40.0])  # lambda = 80 / 200: cuts 20 and 60
+    a, _ = allocate(want, base, slack, prompt, output, pool=30)  # a floor binds: water-filling
+    assert a == pytest.approx([20.0, 10.0])
+    a, _ = allocate(want, base, slack, prompt, output, pool=15)  # not even the floors: the caller preempts first
+    assert a.tolist() == [10.0, 10.0]
+    a, _ = allocate(want, base, slack, prompt, output, pool=120, mode="literal")  # A' RT s_p / Sum(RT s_p)
+    assert a == pytest.approx([30.0, 90.0])
+
+
+def test_preemption_bucket_order():
+    # (SLO_tbt s, remaining tokens, KV held): loosest SLO bucket first, then longest remaining, then least KV
+    slo = [0.1, 0.6, 0.6, 0.6, 0.3]
+    remaining = [500, 100, 300, 300, 900]
+    kv = [100, 100, 700, 200, 100]
+    assert [tbt_bucket(s) for s in slo] == [1, 3, 3, 3, 2]
+    assert victim_order(slo, remaining, kv) == [3, 2, 1, 4, 0]
+
+
+def test_swap_above_the_sweet_spot_else_recompute():
+    assert choose_mode(4001, 4000) == "swap" and choose_mode(4000, 4000) == "recompute"
+    assert choose_mode(100, None, recompute_s=lambda s: 0.001 * s, swap_s=lambda s: 0.0005 * s) == "swap"

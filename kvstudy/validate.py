@@ -33,7 +33,7 @@ def _walk(node, prefix: str, out: Dict[str, Set[type]]) -> None:
             if key in ("defaults", "hydra") and not prefix:
                 continue
             _walk(value, f"{prefix}.{key}" if prefix else str(key), out)
-    else:
+    elif not (isinstance(node, str) and node.startswith("${")):  # an interpolation says nothing about the type
         out.setdefault(prefix, set()).add(type(node))
 
 

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import sys
 import warnings
-from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -36,48 +35,24 @@ def _print_summary(summary: dict, folder: str) -> None:
     print(f"outputs: {folder}")
 
 
-def check_group_choices(argv) -> None:
-    """One clear line for an unknown option of a config group (``+policy=nope``, ``model=gpt5``), before
-    Hydra's multi-line composition error. Sweep values (``a,b``) are checked one by one; sweep functions
-    such as ``choice(...)`` are left to Hydra."""
-    from kvstudy.api import options
-
-    for arg in argv:
-        key, sep, value = arg.lstrip("+~").partition("=")
-        if not sep or key.startswith("hydra") or not (CONF_DIR / key).is_dir() or "(" in value or value in ("", "null"):
-            continue
-        allowed = options(key, argv)
-        for choice in value.split(","):
-            if choice not in allowed:
-                print(f"error: unknown {key} '{choice}'; allowed: {', '.join(allowed)}", file=sys.stderr)
-                sys.exit(2)
-
-
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    from kvstudy import api
-    from kvstudy.errors import KvStudyError, report
-
     from hydra.types import RunMode
 
-    from kvstudy.atomic import write_text_atomic
-    from kvstudy.sweep_callback import ERROR_FILE
+    from kvstudy.errors import KvStudyError, report
+    from kvstudy.sweep_callback import run_recording_errors
 
     # a warning is one line on the command line, as errors are (in every sweep worker too: this runs there)
     warnings.formatwarning = lambda message, category, *args, **kwargs: f"warning: {message}\n"
     folder = HydraConfig.get().runtime.output_dir
-    error_file = Path(folder) / ERROR_FILE
+    multirun = HydraConfig.get().mode == RunMode.MULTIRUN
     try:
-        summary = api.run(cfg, folder)
+        summary = run_recording_errors(cfg, folder, record=multirun)
     except KvStudyError as exc:
-        if HydraConfig.get().mode == RunMode.MULTIRUN:
-            # one bad value of a sweep fails its own run only: recorded here, counted by FailedRuns at the end
-            write_text_atomic(error_file, f"{exc}\n")
+        if multirun:  # one bad value of a sweep fails its own run only; FailedRuns counts it at the end
             report(exc)
             return
         sys.exit(report(exc))
-    if error_file.exists():  # an earlier attempt of this run failed; this one did not
-        error_file.unlink()
     if summary.get("skipped"):
         print(f"complete already, skipped: {folder}")
         return
@@ -87,7 +62,6 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    check_group_choices(sys.argv[1:])
     from kvstudy.errors import KvStudyError, report
     from kvstudy.validate import check_overrides
 

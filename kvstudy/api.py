@@ -33,29 +33,9 @@ from kvstudy.latency.tables import HardwareSpec
 from kvstudy.outputs import is_complete, summarize, write_run
 from kvstudy.paths import CONF_DIR
 from kvstudy.predictors import predict
-from kvstudy.validate import check_config
+from kvstudy.validate import check_config, check_group_choices, options  # noqa: F401 (api.options stays public)
 from kvstudy.workloads.arrivals import arrivals
 from kvstudy.workloads.requests import Requests, make_requests
-
-
-def search_dirs(overrides: Iterable[str] = ()) -> list:
-    """Config folders a user adds with Hydra's ``hydra.searchpath=[file:///my/conf]`` (their own models, hardware,
-    policies in ``<folder>/<group>/<name>.yaml``), after kvstudy's own ``conf/``."""
-    dirs = []
-    for arg in overrides:
-        key, _, value = arg.lstrip("+").partition("=")
-        if key == "hydra.searchpath":
-            for item in value.strip("[]").split(","):
-                item = item.strip().strip("'\"")
-                if item.startswith("file://"):
-                    dirs.append(Path(item[len("file://"):]))
-    return dirs
-
-
-def options(group: str, overrides: Iterable[str] = ()) -> list:
-    """The options of a config group: kvstudy's ``conf/<group>/`` and the same folder of each search path."""
-    folders = [CONF_DIR / group] + [d / group for d in search_dirs(overrides)]
-    return sorted({p.stem for folder in folders for p in folder.glob("*.yaml")})
 
 
 def compose(overrides: Iterable[str] = ()) -> DictConfig:
@@ -65,14 +45,7 @@ def compose(overrides: Iterable[str] = ()) -> DictConfig:
     from omegaconf.errors import OmegaConfBaseException
 
     overrides = list(overrides)
-    for arg in overrides:  # an unknown option of a group, with the options there are (one line, not Hydra's)
-        key, sep, value = arg.lstrip("+~").partition("=")
-        if sep and not key.startswith("hydra") and (CONF_DIR / key).is_dir() and "(" not in value and \
-                value not in ("", "null"):
-            allowed = options(key, overrides)
-            for choice in value.split(","):
-                if choice not in allowed:
-                    raise ConfigError(f"unknown {key} '{choice}'; allowed: {', '.join(allowed)}")
+    check_group_choices(overrides)  # an unknown option of a group in one line, not Hydra's
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             return hydra_compose(config_name="config", overrides=overrides)

@@ -25,15 +25,23 @@ from kvstudy.latency.tables import HardwareSpec
 MAX_CAPACITY_TOKENS = 1 << 26
 
 
+def _weights_per_gpu(arch: ModelArch, hw: HardwareSpec) -> float:
+    return arch.num_params * arch.dtype_bytes / (hw.tensor_parallel * hw.pipeline_parallel)
+
+
+def _kv_bytes_per_token(arch: ModelArch, hw: HardwareSpec) -> int:
+    """2 (K, V) * layers / pp * ceil(kv_heads / tp) * head_dim * dtype_bytes (module docstring)."""
+    kv_heads = -(-arch.num_kv_heads // hw.tensor_parallel)
+    return 2 * (arch.num_layers // hw.pipeline_parallel) * kv_heads * arch.head_dim * arch.dtype_bytes
+
+
 def auto_capacity(arch: ModelArch, hw: HardwareSpec, gpu_memory_utilization: float = 0.9,
                   reserved_gb: float = 1.5, max_batch_tokens: int = 4096) -> int:
-    gpus = hw.tensor_parallel * hw.pipeline_parallel
     usable = gpu_memory_utilization * hw.memory_gb_per_gpu * 1e9
-    weights = arch.num_params * arch.dtype_bytes / gpus
+    weights = _weights_per_gpu(arch, hw)
     activ = reserved_gb * 1e9 + max_batch_tokens * (4 * arch.embedding_dim
                                                     + 2 * arch.mlp_hidden_dim / hw.tensor_parallel) * arch.dtype_bytes
-    kv_heads = -(-arch.num_kv_heads // hw.tensor_parallel)
-    per_token = 2 * (arch.num_layers // hw.pipeline_parallel) * kv_heads * arch.head_dim * arch.dtype_bytes
+    per_token = _kv_bytes_per_token(arch, hw)
     free = usable - weights - activ
     if free <= 0:
         raise ConfigError(f"model '{arch.name}' does not fit on hardware '{hw.name}': weights {weights / 1e9:.1f} GB "
@@ -61,10 +69,8 @@ def fit_note(arch: ModelArch, hw: HardwareSpec, capacity_tokens: int) -> Optiona
     """One line when a fixed capacity describes a deployment the GPUs cannot hold (weights plus that KV cache
     above their memory): a timing study may want it (the MC-SF paper's likely regime times Llama2-70B on one
     A100), so it runs, but never without a word."""
-    gpus = hw.tensor_parallel * hw.pipeline_parallel
-    weights = arch.num_params * arch.dtype_bytes / gpus
-    kv_heads = -(-arch.num_kv_heads // hw.tensor_parallel)
-    kv = capacity_tokens * 2 * (arch.num_layers // hw.pipeline_parallel) * kv_heads * arch.head_dim * arch.dtype_bytes
+    weights = _weights_per_gpu(arch, hw)
+    kv = capacity_tokens * _kv_bytes_per_token(arch, hw)
     memory = hw.memory_gb_per_gpu * 1e9
     if weights + kv <= memory:
         return None

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import List
 
 import numpy as np
 import pandas as pd

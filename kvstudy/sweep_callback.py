@@ -16,6 +16,25 @@ from omegaconf import DictConfig
 ERROR_FILE = "error.txt"
 
 
+def run_recording_errors(cfg: DictConfig, folder, record: bool = True) -> dict:
+    """``api.run`` for one run of a sweep (both ``python -m kvstudy -m`` paths): a user error is recorded in the
+    run's ``error.txt`` (with ``record``) and raised again; a run that succeeds clears one an earlier attempt left."""
+    from kvstudy import api
+    from kvstudy.atomic import write_text_atomic
+    from kvstudy.errors import KvStudyError
+
+    error_file = Path(folder) / ERROR_FILE
+    try:
+        summary = api.run(cfg, folder)
+    except KvStudyError as exc:
+        if record:
+            write_text_atomic(error_file, f"{exc}\n")
+        raise
+    if error_file.exists():  # an earlier attempt of this run failed; this one did not
+        error_file.unlink()
+    return summary
+
+
 class FailedRuns(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         root = Path(config.hydra.sweep.dir)

@@ -102,27 +102,21 @@ def task_config(cfg: DictConfig) -> DictConfig:
 
 
 def _run(job: Tuple[int, List[str], Tuple[str, ...]]) -> Tuple[int, str, str]:
-    from kvstudy import api
     from kvstudy.atomic import write_text_atomic
     from kvstudy.errors import KvStudyError
-    from kvstudy.sweep_callback import ERROR_FILE
+    from kvstudy.sweep_callback import ERROR_FILE, run_recording_errors
 
     idx, overrides, sig = job
     folder = None
     try:
         task, folder = job_config(sig, overrides, idx)
-        summary = api.run(task, folder)
-    except KvStudyError as exc:
-        if folder is not None:
-            write_text_atomic(folder / ERROR_FILE, f"{exc}\n")
+        summary = run_recording_errors(task, folder)
+    except KvStudyError as exc:  # a bad composition (no folder yet) is said here; a run's error is in its folder
         return idx, str(folder), f"error: {exc}"
     except Exception as exc:  # not a user error: recorded with its traceback, the sweep goes on
         if folder is not None:
             write_text_atomic(folder / ERROR_FILE, f"internal error: {exc!r}\n{traceback.format_exc()}")
         return idx, str(folder), f"error: internal error {exc!r} (traceback in {ERROR_FILE})"
-    error_file = folder / ERROR_FILE
-    if error_file.exists():  # an earlier attempt failed; this one did not
-        error_file.unlink()
     if summary.get("skipped"):
         return idx, str(folder), "complete already, skipped"
     mean = summary["e2e_latency"]["mean"]

@@ -9,6 +9,7 @@ key no config has (``policy.bogus=1``) is named before Hydra's multi-line error,
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 from typing import Dict, Iterable, Set
 
 from omegaconf import DictConfig, OmegaConf
@@ -103,8 +104,47 @@ def check_config(cfg: DictConfig) -> None:
         check_value(key, value)
 
 
+def search_dirs(overrides: Iterable[str] = ()) -> list:
+    """Config folders a user adds with Hydra's ``hydra.searchpath=[file:///my/conf]`` (their own models, hardware,
+    policies in ``<folder>/<group>/<name>.yaml``), after kvstudy's own ``conf/``."""
+    dirs = []
+    for arg in overrides:
+        key, _, value = arg.lstrip("+").partition("=")
+        if key == "hydra.searchpath":
+            for item in value.strip("[]").split(","):
+                item = item.strip().strip("'\"")
+                if item.startswith("file://"):
+                    dirs.append(Path(item[len("file://"):]))
+    return dirs
+
+
+def options(group: str, overrides: Iterable[str] = ()) -> list:
+    """The options of a config group: kvstudy's ``conf/<group>/`` and the same folder of each search path."""
+    folders = [CONF_DIR / group] + [d / group for d in search_dirs(overrides)]
+    return sorted({p.stem for folder in folders for p in folder.glob("*.yaml")})
+
+
+def check_group_choices(overrides: Iterable[str]) -> None:
+    """An unknown option of a config group (``+policy=nope``, ``model=gpt5``), named with the options there are,
+    before Hydra's multi-line composition error. Sweep values (``a,b``) are checked one by one; sweep functions
+    such as ``choice(...)`` are left to Hydra."""
+    overrides = list(overrides)
+    for arg in overrides:
+        key, sep, value = arg.lstrip("+~").partition("=")
+        if not sep or key.startswith("hydra") or not (CONF_DIR / key).is_dir() or "(" in value or \
+                value in ("", "null"):
+            continue
+        allowed = options(key, overrides)
+        for choice in value.split(","):
+            if choice not in allowed:
+                raise ConfigError(f"unknown {key} '{choice}'; allowed: {', '.join(allowed)}")
+
+
 def check_overrides(argv: Iterable[str]) -> None:
-    """Command-line overrides, before Hydra composes them: a key no config has, a group that needs +."""
+    """Command-line overrides, before Hydra composes them: an unknown option of a group, a key no config has, a
+    group that needs +."""
+    argv = list(argv)
+    check_group_choices(argv)
     groups = {p.name for p in CONF_DIR.iterdir() if p.is_dir()}
     for arg in argv:
         if arg.startswith("-") or "=" not in arg:

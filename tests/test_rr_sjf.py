@@ -9,7 +9,7 @@ from kvstudy.policies.rr_sjf import SJF, QueuedVLLM, RoundRobin, RRSJF
 from kvstudy.policies.step import StepPolicy
 from kvstudy.predictors import gaussian_noise
 from kvstudy.workloads import arena
-from tests.conftest import SHARED_REASON, make_instance, needs_shared
+from tests.conftest import make_instance, needs_shared
 from tests.step_helpers import step_engine
 
 

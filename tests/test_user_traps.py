@@ -7,7 +7,6 @@ import sys
 import time
 import warnings
 
-import numpy as np
 import pandas as pd
 import pytest
 

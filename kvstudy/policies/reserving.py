@@ -58,29 +58,30 @@ class ReservingPolicy(VLLM):
         budget = self.token_budget(view)
         mem = view.memory
         # 1. a running request that needs a block beyond what it holds has outgrown its demand: it is the victim
-        for i in list(view.running):
-            if i in view.growing and view.decode_blocks_needed(i) > 0 and not view.in_prefill(i):
-                mode = SWAP if self.mode == SWAP else RECOMPUTE
-                plan.d.preempt.append((i, mode))
+        #    (in running order; ``growing`` holds the requests that need a block to decode now)
+        if view.growing:
+            for i in [i for i in view.running if i in view.growing and view.decode_blocks_needed(i) > 0
+                      and not view.in_prefill(i)]:
+                plan.d.preempt.append((i, self.mode))
                 plan.free += mem.held(i)
                 plan.num_seqs -= 1
                 self._demand[i] = self.next_demand(view, i)
-        victims = {i for i, _ in plan.d.preempt}
-        decoding = [i for i in view.running if i not in victims and not view.in_prefill(i)]
-        plan.tokens += len(decoding)
-        plan.d.decode_all = bool(decoding)
+        decoding = len(view.running) - len(view.prefilling) - len(plan.d.preempt)  # victims are never in prefill
+        plan.tokens += decoding
+        plan.d.decode_all = decoding > 0
         # 2. swapped requests come back first, each with its (new) demand held
         for i in view.swapped:
             if plan.num_seqs + 1 > self.max_num_seqs or plan.tokens + 1 > budget:
                 break
             tokens = self.reserve_tokens(view, i)
-            extra = max(0, mem.blocks(tokens) - mem.swap_in_blocks(i, view.prompt[i] + view.waiting_generated[i]))
+            back = mem.swap_in_blocks(i, view.prompt[i] + view.waiting_generated[i])
+            extra = max(0, mem.blocks(tokens) - back)
             status = mem.can_swap_in(i, free=plan.free - extra)
             if status == NEVER:
                 continue
             if status == LATER:
                 break
-            plan.free -= mem.swap_in_blocks(i, view.prompt[i] + view.waiting_generated[i]) + extra
+            plan.free -= back + extra
             plan.num_seqs += 1
             plan.tokens += 1
             plan.d.swap_in.append(i)
@@ -95,17 +96,15 @@ class ReservingPolicy(VLLM):
                 break
             tokens = self.reserve_tokens(view, i)
             blocks = mem.blocks(tokens)
-            if mem.num_blocks - blocks < mem.watermark_blocks:
+            status = mem.can_allocate(blocks, free=plan.free)
+            if status == NEVER:
                 continue  # can never be held: skipped (the engine rejects a request whose context alone cannot fit)
-            if plan.free - blocks < mem.watermark_blocks:
+            if status == LATER:
                 break
             chunk = view.prompt[i] + view.waiting_generated[i]
             if plan.tokens + chunk > budget:
                 break
-            plan.free -= blocks
-            plan.num_seqs += 1
-            plan.tokens += chunk
-            plan.d.prefill.append((i, chunk))
+            plan.start_prefill(i, blocks, chunk)
             plan.d.reserve[i] = tokens
         return plan.d
 

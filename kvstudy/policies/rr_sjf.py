@@ -128,10 +128,7 @@ class QueuedVLLM(VLLM):
             tokens = view.prompt[i] + view.waiting_generated[i]
             if plan.tokens + tokens > budget:
                 break
-            plan.free -= blocks
-            plan.num_seqs += 1
-            plan.tokens += tokens
-            plan.d.prefill.append((i, tokens))
+            plan.start_prefill(i, blocks, tokens)
 
     def fits(self, view: StepView, plan: _Plan, h: int, budget: int) -> bool:
         """``can_allocate(h) == OK and budget.can_schedule(len(h.tokens), 1)`` as the routine asks it."""

@@ -47,6 +47,13 @@ class _Plan:
         self.num_seqs = len(view.running)
         self.d = Decision()
 
+    def start_prefill(self, i: int, blocks: int, chunk: int) -> None:
+        """Request i starts (or restarts) its prefill with ``chunk`` tokens, taking ``blocks`` free blocks."""
+        self.free -= blocks
+        self.num_seqs += 1
+        self.tokens += chunk
+        self.d.prefill.append((i, chunk))
+
 
 class VLLM(StepPolicy):
     name = "vllm"
@@ -168,10 +175,7 @@ class VLLM(StepPolicy):
             chunk = min(remaining, budget - plan.tokens) if chunked else remaining
             if chunk <= 0 or plan.tokens + chunk > budget:
                 break
-            plan.free -= blocks
-            plan.num_seqs += 1
-            plan.tokens += chunk
-            plan.d.prefill.append((i, chunk))
+            plan.start_prefill(i, blocks, chunk)
 
     # --- vLLM V0 _schedule_default --------------------------------------------------------------------
     def step(self, view: StepView) -> Decision:

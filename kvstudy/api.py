@@ -106,7 +106,10 @@ def build_latency(cfg: DictConfig, arch: ModelArch, hw: HardwareSpec, capacity: 
 def build_policy(cfg: DictConfig):
     if "policy" not in cfg or cfg.policy is None:
         raise ConfigError(f"no policy chosen; add +policy=NAME with NAME one of: {', '.join(options('policy'))}")
-    return _instantiate(cfg.policy)
+    policy = _instantiate(cfg.policy)
+    if cfg.policy.get("name"):  # a variant file (cacheopt_wo_pa, ...) names the policy it builds
+        policy.name = str(cfg.policy.name)
+    return policy
 
 
 def build_requests(cfg: DictConfig, arch: ModelArch, seed_seq: np.random.SeedSequence) -> Tuple[Requests, np.ndarray]:
@@ -163,7 +166,7 @@ def build_memory(cfg: DictConfig, capacity: int):
 
 
 def build_engine(cfg: DictConfig, requests: Requests, predicted: np.ndarray, policy, latency, arch: ModelArch,
-                 hw: HardwareSpec, capacity: int):
+                 hw: HardwareSpec, capacity: int, direction=None):
     """The loop the memory model needs: ``paper`` runs :class:`Engine` (constraint (3), admission-only
     policies), ``paged`` runs :class:`StepEngine` (blocks, preemption, chunked prefill)."""
     memory = build_memory(cfg, capacity)
@@ -181,7 +184,7 @@ def build_engine(cfg: DictConfig, requests: Requests, predicted: np.ndarray, pol
         raise ConfigError(f"policy '{cfg.policy.name}' is admission-only and runs on memory=paper; memory="
                           f"{cfg.memory.name} needs a preemptive policy (vllm, sarathi)")
     swap = _instantiate(cfg.swap)
-    return StepEngine(requests, predicted, policy, latency, memory, swap, arch, hw, **common)
+    return StepEngine(requests, predicted, policy, latency, memory, swap, arch, hw, direction=direction, **common)
 
 
 def simulate(cfg: DictConfig) -> Tuple[EngineResult, dict]:
@@ -201,13 +204,31 @@ def simulate(cfg: DictConfig) -> Tuple[EngineResult, dict]:
     if note:
         warnings.warn(note, stacklevel=2)
     latency = build_latency(cfg, arch, hw, capacity)
+    prepared = None
+    if callable(getattr(policy, "prepare", None)):  # CacheOPT: SLOs, error ranges, costs (kvstudy/cacheopt/setup.py)
+        from kvstudy.cacheopt.setup import prepare
+
+        prepared = prepare(cfg, policy, requests, predicted, arch, hw, latency, capacity)
     policy.reset(seed)
-    engine = build_engine(cfg, requests, predicted, policy, latency, arch, hw, capacity)
+    engine = build_engine(cfg, requests, predicted, policy, latency, arch, hw, capacity,
+                          direction=None if prepared is None else prepared["direction"])
     sim_started = time.perf_counter()
     result = engine.run()
     result.extra = {**result.extra, "policy": cfg.policy.name, "model": arch.name, "hardware": hw.name, "seed": seed,
                     "latency": latency.describe(), "simulate_seconds": round(time.perf_counter() - sim_started, 3),
                     "wall_seconds": round(time.perf_counter() - started, 3)}
+    if prepared is not None:
+        order = pd.Series(np.arange(len(requests)), index=requests.request_id)[result.requests["request_id"]].to_numpy()
+        result.requests["slo_ttft"] = prepared["slo_ttft"][order]
+        result.requests["slo_tbt"] = prepared["slo_tbt"][order]
+        result.requests["direction_under"] = prepared["direction"][order]
+        est = np.full(len(requests), -1, dtype=np.int64)  # -1: never seen (a run stopped early)
+        seen = policy.estimates()
+        est[:len(seen)] = seen
+        result.requests["estimated_output_tokens"] = est[order]
+        result.extra["cacheopt"] = {**prepared["info"], "stalls": int(getattr(policy, "stalls", 0)),
+                                    "preemptions_by_cause": dict(getattr(policy, "causes", {})),
+                                    "embedded": int(getattr(policy, "embedded", 0))}
     return result, summarize(result)
 
 

@@ -26,6 +26,7 @@ ends ``stalled``.
 from __future__ import annotations
 
 import math
+from time import perf_counter
 from collections import deque
 
 import numpy as np
@@ -62,12 +63,13 @@ class _Generated:
 class StepEngine:
     def __init__(self, requests: Requests, predicted: np.ndarray, policy: StepPolicy, latency,
                  memory: PagedMemory, swap: SwapModel, arch, hardware, stall_limit: int = 100,
-                 max_iterations: int = 50_000_000, progress: bool = False) -> None:
+                 max_iterations: int = 50_000_000, progress: bool = False, direction=None) -> None:
         if not getattr(policy, "preemptive", False):
             raise PolicyError(f"policy '{getattr(policy, 'name', policy)}' is admission-only; memory=paged needs a "
                               f"preemptive policy (vllm, sarathi)")
         self.r, self.policy, self.latency, self.memory, self.swap = requests, policy, latency, memory, swap
         self.pred = np.asarray(predicted, dtype=np.int64)
+        self.direction = None if direction is None else np.asarray(direction, dtype=np.int8).tolist()
         self.arch, self.hw = arch, hardware
         self.max_model_len = int(arch.max_model_len)
         self.stall_limit, self.max_iterations, self.progress = stall_limit, max_iterations, progress
@@ -79,7 +81,7 @@ class StepEngine:
         if not isinstance(d, Decision):
             raise PolicyError(f"policy '{name}' returned {type(d).__name__}, not a Decision")
         state, mem = self.state, self.memory
-        if not (d.preempt or d.swap_in or d.prefill or d.decode or d.reserve):  # the common decode-only step
+        if not (d.preempt or d.swap_in or d.prefill or d.decode or d.reserve or d.lend):  # the common decode-only step
             if d.decode_all and mem.used + len(self.growing) > mem.num_blocks:
                 raise PolicyError(f"policy '{name}' decodes every running request, which needs "
                                   f"{mem.used + len(self.growing)} KV blocks, more than the {mem.num_blocks} the "
@@ -141,16 +143,42 @@ class StepEngine:
                 raise PolicyError(f"policy '{name}' decodes request {self.id_list[i]}, which is not running with its "
                                   f"prefill complete (state {STATE_NAMES[state[i]]})")
         for i, tokens in d.reserve.items():
-            if i not in seen or not isinstance(tokens, (int, np.integer)) or tokens < 0:
+            alone = isinstance(i, (int, np.integer)) and 0 <= i < len(state) and i not in seen \
+                and state[i] == RUNNING  # a running request's top-up
+            if not (i in seen or alone) or i in preempted or not isinstance(tokens, (int, np.integer)) or tokens < 0:
                 raise PolicyError(f"policy '{name}': reserve {{{i!r}: {tokens!r}}} must name a request of this "
-                                  f"decision with a token count >= 0")
+                                  f"decision or a running one, not preempted, with a token count >= 0")
+        lent, guests = {}, set()
+        starting = {i for i, _ in d.prefill if state[i] == WAITING}
+        for item in d.lend:
+            if not (isinstance(item, tuple) and len(item) == 3):
+                raise PolicyError(f"policy '{name}': lend entries are (guest, host, blocks), got {item!r}")
+            g, h, b = item
+            if g not in starting or g in guests:
+                raise PolicyError(f"policy '{name}' lends to request {g!r}, which is not starting its prefill in this "
+                                  f"decision (or is named twice in lend)")
+            if not isinstance(h, (int, np.integer)) or not 0 <= h < len(state) or state[h] != RUNNING \
+                    or h in preempted or h in mem.loans:
+                raise PolicyError(f"policy '{name}' borrows from request {h!r}, which is not a running request that "
+                                  f"is kept in this decision and holds no loan itself")
+            lent[h] = lent.get(h, 0) + b
+            keep = mem.blocks(self.s_list[h] + self.generated[h] + (0 if self.prefilled[h] < self.target[h] else 1))
+            if not isinstance(b, (int, np.integer)) or b < mem.blocks(self.s_list[g] + self.generated[g]) \
+                    or mem.held(h) + (max(0, mem.blocks(d.reserve[h]) - mem.held(h)) if h in d.reserve else 0) \
+                    - lent[h] < keep:
+                raise PolicyError(f"policy '{name}' lends {b!r} blocks of request {self.id_list[h]} to request "
+                                  f"{self.id_list[g]}: the guest needs at least its context's blocks, the host keeps "
+                                  f"{keep} (its next token's)")
+            if g in d.reserve and mem.blocks(d.reserve[g]) > b:
+                raise PolicyError(f"policy '{name}' reserves more for guest {self.id_list[g]} than it borrows")
+            guests.add(g)
         # Blocks after the decision, counted before any change (the engine's own arithmetic).
         freed = sum(mem.held(i) for i in preempted)
         need = 0
         for i in d.swap_in:
             need += mem.swap_in_blocks(i, self.s_list[i] + self.generated[i])
         for i, _ in d.prefill:
-            if state[i] == WAITING:
+            if state[i] == WAITING and i not in guests:
                 need += mem.blocks(self.s_list[i] + self.generated[i])
         if d.decode_all:
             need += len(self.growing) - sum(1 for i in preempted if i in self.growing)
@@ -158,6 +186,8 @@ class StepEngine:
             if i not in swapping_in:
                 need += max(0, mem.blocks(self.s_list[i] + self.generated[i]) - mem.held(i))
         for i, tokens in d.reserve.items():
+            if i in guests:
+                continue
             base = mem.held(i) if state[i] == RUNNING else 0
             need += max(0, mem.blocks(tokens) - max(base, mem.blocks(self.s_list[i] + self.generated[i])))
         if mem.used - freed + need > mem.num_blocks:
@@ -176,10 +206,13 @@ class StepEngine:
             g = self.clock.stop(i) if self.clock.on[i] else self.clock.gen[i]
             self.decode_ctx -= s[i] + g - 1
         held = mem.held(i)
+        host = mem.loans[i][0] if i in mem.loans else None
         # swap only if the request can come back: host room, and can_swap_in (its blocks + 1 above the watermark)
         # not NEVER-like on an empty cache; else it is recomputed (vLLM would keep it swapped out forever)
         if mode == SWAP and mem.host_has_room(held) and mem.num_blocks - (held + 1) >= mem.watermark_blocks:
             blocks = mem.swap_out(i)
+            if host is not None:
+                self.clock.reschedule_growth(host)
             self.moved_out += blocks
             self.swapped_bytes[i] += blocks * self.block_bytes_all
             self.state[i] = SWAPPED
@@ -195,6 +228,8 @@ class StepEngine:
         else:
             self.recomputed[i] += s[i] + g - 1
         mem.release(i)
+        if host is not None:
+            self.clock.reschedule_growth(host)
         self.prefilled[i] = 0
         self.target[i] = s[i] + g
         self.state[i] = WAITING
@@ -304,6 +339,7 @@ class StepEngine:
             iteration_seconds = self.latency.tables.iteration_ms
         swap_seconds, overlap = self.swap.seconds, self.swap.overlap
         t, step, nxt, no_token, completed = 0.0, 0, 0, 0, 0
+        policy_s = 0.0  # wall time inside policy.step (the scheduling overhead CacheOPT's Sec. 5.3 compares)
         status, message = "completed", ""
         bar = None
         if self.progress:
@@ -330,7 +366,9 @@ class StepEngine:
                 if clock.grow_at.get(clock.D):
                     growing.update(clock.growing())
                 view.step, view.time, view.num_arrived = step, t, nxt
+                t0 = perf_counter()
                 d = self.policy.step(view)
+                policy_s += perf_counter() - t0
                 self._check(d, name)
                 # 1. preempt; vLLM's waiting.extendleft(preempted): the last victim (the earliest admitted) ends first
                 self.moved_out = self.moved_in = n_rec = 0
@@ -341,6 +379,12 @@ class StepEngine:
                 # 2. swap in; 3. prefills start (timed with the context before each chunk)
                 for i in d.swap_in:
                     self._swap_in(i, t)
+                for g, h, b in d.lend:  # embedded guests take their host's unused blocks before they start
+                    if h in d.reserve:
+                        mem.hold(h, mem.blocks(d.reserve[h]))
+                    mem.lend(h, g, b)
+                    clock.reschedule_growth(h)
+                    self.reserved_ids.add(g)
                 chunks, partial = [], 0
                 for i, chunk in d.prefill:
                     if state[i] == WAITING:
@@ -371,7 +415,10 @@ class StepEngine:
                     for i in d.decode:
                         mem.hold(i, (s[i] + clock.gen[i] + bs - 1) // bs)
                 if d.reserve:
+                    lenders = {h for _, h, _ in d.lend} if d.lend else ()
                     for i, tokens in d.reserve.items():
+                        if i in lenders:
+                            continue  # held before it lent
                         mem.hold(i, mem.blocks(tokens))
                         self.reserved_ids.add(i)
                         clock.reschedule_growth(i)
@@ -443,7 +490,10 @@ class StepEngine:
                     self.completion[i] = end
                     state[i] = DONE
                     running.remove(i)
+                    host = mem.loans[i][0] if mem.loans and i in mem.loans else None
                     mem.release(i)
+                    if host is not None:
+                        clock.reschedule_growth(host)
                     self.reserved_ids.discard(i)
                 completed += len(finished)
                 if bar is not None and finished:
@@ -466,7 +516,10 @@ class StepEngine:
         rejected = int((state == REJECTED).sum())
         if status == "completed" and rejected:
             message = f"{rejected} request(s) rejected (see reject_reason)"
-        return self._result(log, status, message)
+        result = self._result(log, status, message)
+        result.extra["policy_seconds"] = round(policy_s, 4)
+        result.extra["policy_us_per_iteration"] = round(1e6 * policy_s / max(1, len(log)), 2)
+        return result
 
     def _result(self, log, status, message) -> EngineResult:
         r, mem, state = self.r, self.memory, self.state

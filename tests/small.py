@@ -15,11 +15,15 @@ SMALL = {  # experiment -> overrides that shrink it (same code path, fewer and s
     "rr_sjf_rate": ["demand.rate=10,50", "seed=0,1", "workload.num_requests=60", "memory.capacity_tokens=4000"],
     "three_papers": ["seed=0", "+demand=high", "workload.num_requests=60"],
     "cacheopt_motivation": ["seed=0", "workload.num_requests=60"],
+    "cacheopt_main": ["workload=sharegpt", "demand.scale=0.2,0.3", "seed=0,1", "workload.num_requests=60"],
+    "cacheopt_ablation": ["workload=sharegpt", "demand.scale=0.3", "seed=0", "workload.num_requests=60"],
+    "cacheopt_sensitivity": ["policy.confidence=0.8,0.9", "seed=0", "workload.num_requests=60"],
 }
 #: where an experiment's sweep goes under the results root, as its config puts it under outputs/
 FOLDER = {**{name: f"{name}/a100_tp2" for name in ("table1", "table1_fixed_set", "fig3", "fig5", "fig5_reference",
                                                     "fig5_remedy", "alpha_beta_sweep")},
           **{f"rr_sjf_{part}": f"rr_sjf/llama32_1b_l4_tp1/{part}" for part in ("policies", "quantum", "noise", "rate")},
-          "cacheopt_motivation": "cacheopt/opt_13b_a100_tp1/motivation"}
+          **{f"cacheopt_{part}": f"cacheopt/opt_13b_a100_tp1/{part}" for part in ("motivation", "main", "ablation",
+                                                                                    "sensitivity")}}
 #: the MC-SF experiments notebook 01 also shows in the paper's likely regime (hardware=a100_vidur_default)
 PAPER_REGIME = ("table1", "fig3")

@@ -11,9 +11,17 @@ HW = HardwareSpec("a100_tp2", "a100", "a100_pairwise_nvlink", 2)
 ONE_SECOND = LinearLatency(d0=1.0, d1=0.0)  # every iteration takes 1 s: times count iterations
 
 
+def prepare(policy, req, ttft=5.0, tbt=1.5, ranges=None, cost=None):
+    """What kvstudy.api gives a policy that asks for per-request SLOs (CacheOPT): fixed SLOs in iterations here."""
+    if callable(getattr(policy, "prepare", None)) and getattr(policy, "slo_tft", None) is None:
+        n = len(req)
+        policy.prepare([ttft] * n, [tbt] * n, ranges or {}, cost)
+
+
 def step_engine(req, policy, capacity=16, block_size=4, watermark=0.0, swap_space_gb=4.0, latency=ONE_SECOND,
-                swap=None, stall_limit=100, seed=0):
+                swap=None, stall_limit=100, seed=0, direction=None):
+    prepare(policy, req)
     policy.reset(seed)
     memory = PagedMemory(capacity, block_size=block_size, watermark=watermark, swap_space_gb=swap_space_gb)
     return StepEngine(req, req.output_tokens, policy, latency, memory, swap or PcieSwap(), ARCH, HW,
-                      stall_limit=stall_limit)
+                      stall_limit=stall_limit, direction=direction)

@@ -8,6 +8,7 @@ from kvstudy import api
 from kvstudy.engine import PolicyError
 from kvstudy.errors import ConfigError
 from kvstudy.memory import PagedMemory
+from kvstudy.policies.cacheopt import CacheOPT
 from kvstudy.policies.step import Decision, StepPolicy
 from kvstudy.policies.rr_sjf import SJF, RoundRobin, RRSJF
 from kvstudy.policies.vllm import VLLM, Sarathi
@@ -112,6 +113,8 @@ class Recorder(StepPolicy):
     def __init__(self, inner):
         self.inner, self.name = inner, inner.name
         self.at_preemption = {}
+        if callable(getattr(inner, "prepare", None)):  # CacheOPT's SLOs pass through
+            self.prepare = inner.prepare
 
     def reset(self, seed):
         self.inner.reset(seed)
@@ -134,7 +137,19 @@ class Recorder(StepPolicy):
 POLICIES = [lambda: VLLM(), lambda: VLLM(preemption_mode="swap"), lambda: Sarathi(chunk_size=8),
             lambda: Sarathi(chunk_size=8, preemption_mode="swap"), lambda: VLLM(running_order="arrival", max_num_seqs=3),
             lambda: SJF(preemption_mode="swap", max_num_seqs=4), lambda: RRSJF(preemption_mode="swap", max_num_seqs=4),
-            lambda: RoundRobin(steps_before_preemption=2, max_num_seqs=3), lambda: RRSJF(max_num_seqs=5)]
+            lambda: RoundRobin(steps_before_preemption=2, max_num_seqs=3), lambda: RRSJF(max_num_seqs=5),
+            lambda: CacheOPT(token_budget=8), lambda: CacheOPT(token_budget=16, strategy="swap", max_num_seqs=4),
+            lambda: CacheOPT(selection="fcfs", padding="rlp", rlp_padding=2, proactive=False, reserve_blocks=0,
+                             preemption="fcfs", strategy="recompute"),
+            lambda: UnderCacheOPT(token_budget=12, buffer=0, reserve_blocks=2),
+            lambda: UnderCacheOPT(token_budget=12, buffer=0, strategy="swap", m=0)]
+
+
+class UnderCacheOPT(CacheOPT):
+    """CacheOPT whose estimates are half the truth: allocations run out, hosts reach their guests' regions."""
+
+    def _estimate(self, view, i):
+        return max(1, view.predicted[i] // 2)
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])

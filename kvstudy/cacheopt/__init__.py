@@ -1,1 +1,4 @@
-"""CacheOPT's components (Shen et al., Sec. 3; spec B2), as small functions the policy will call (issue 25)."""
+"""CacheOPT's parts (Shen et al.; spec B2): padding lives in kvstudy/padding.py; here are embedding, allocation and
+preemption as small functions (the policy in kvstudy/policies/cacheopt.py calls them), what a run prepares before its
+first iteration (setup.py: SLOs, direction classifier, error ranges, swap/recompute costs) and the study's tables
+(study.py)."""

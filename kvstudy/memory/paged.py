@@ -14,6 +14,9 @@
   (``block_size * kv_bytes_per_token / tensor_parallel`` bytes). When it is full a swap-out is not possible;
   the engine then recomputes instead and counts it (``swap_fallbacks``), as it does for a request too large
   to ever pass ``can_swap_in`` again.
+* Loans (CacheOPT's embedding, Shen et al. Sec. 3.3.1): a running *host* may lend blocks it holds but does not use
+  to a *guest*; the blocks change hands, ``used`` does not change. They go back to the host when the guest
+  finishes or is preempted (if the host still holds KV), and become the guest's own if the host leaves first.
 
 The engine owns one ``PagedMemory`` per run: it is the only code that changes these counters, after
 validating a policy's decision against them.
@@ -52,6 +55,7 @@ class PagedMemory:
         self.block_bytes_per_gpu = 0
         self.gpu: dict = {}
         self.host: dict = {}
+        self.loans: dict = {}  # guest -> (host, blocks)
         self.used = 0
         self.host_used = 0
 
@@ -61,7 +65,7 @@ class PagedMemory:
         self.block_bytes_per_gpu = int(self.block_size * kv_bytes_per_token_per_gpu)
         self.host_blocks_total = int(self.swap_space_gb * 2**30 // self.block_bytes_per_gpu) \
             if self.block_bytes_per_gpu else 0
-        self.gpu, self.host = {}, {}
+        self.gpu, self.host, self.loans = {}, {}, {}
         self.used = self.host_used = 0
 
     # --- queries (used by policies to plan, by the engine to check) -------------------------------
@@ -115,16 +119,47 @@ class PagedMemory:
             return add
         return 0
 
+    def lend(self, host: int, guest: int, blocks: int) -> None:
+        """Move ``blocks`` of the host's held blocks to the guest (CacheOPT's embedding)."""
+        self.gpu[host] -= blocks
+        self.gpu[guest] = self.gpu.get(guest, 0) + blocks
+        self.loans[guest] = (host, blocks)
+
+    def lenders(self) -> set:
+        return {h for h, _ in self.loans.values()}
+
+    def _settle(self, i: int) -> int:
+        """Request i leaves the GPU: its loan goes back to its host (returns the blocks repaid), and loans it made
+        become its guests' own."""
+        repaid = 0
+        if i in self.loans:
+            host, blocks = self.loans.pop(i)
+            if host in self.gpu:
+                self.gpu[host] += blocks
+                self.gpu[i] -= blocks
+                repaid = blocks
+        if self.loans:
+            for guest in [g for g, (h, _) in self.loans.items() if h == i]:
+                del self.loans[guest]
+        return repaid
+
     def release(self, i: int) -> int:
-        blocks = self.gpu.pop(i, 0)
-        self.used -= blocks
-        return blocks
+        """Free request i's blocks (a loan goes back to its host); returns the blocks it held."""
+        held = self.gpu.get(i, 0)
+        if self.loans:
+            self._settle(i)
+        self.used -= self.gpu.pop(i, 0)
+        return held
 
     def swap_out(self, i: int) -> int:
-        blocks = self.release(i)
-        self.host[i] = blocks
-        self.host_used += blocks
-        return blocks
+        """Request i's KV to the host: all its blocks are copied; a loan's blocks stay on the GPU with its host."""
+        held = self.gpu.get(i, 0)
+        if self.loans:
+            self._settle(i)
+        self.used -= self.gpu.pop(i, 0)
+        self.host[i] = held
+        self.host_used += held
+        return held
 
     def swap_in(self, i: int) -> int:
         blocks = self.host.pop(i)

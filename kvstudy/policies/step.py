@@ -13,7 +13,10 @@ policy answers with a :class:`Decision` naming everything that happens in the it
   ``decode_all``: every such request (after this decision's preemptions, with its swap-ins), the common
   case, which the engine checks and carries out without a list;
 * ``reserve``: optional ``{request: tokens}`` to hold for a request beyond its context (RLP, S3 and
-  CacheOPT allocate up front); without it a request holds the blocks its context needs.
+  CacheOPT allocate up front); without it a request holds the blocks its context needs. A running request
+  may be named here alone (CacheOPT's top-ups); holdings never shrink;
+* ``lend``: ``(guest, host, blocks)``: a waiting request starting its prefill in this decision takes ``blocks``
+  of a running host's held-but-unused blocks (CacheOPT's embedding); the host keeps room for its next token.
 
 A decision may be shared between steps (vLLM's ``DECODE_ALL``): the engine never changes one.
 
@@ -41,6 +44,7 @@ class Decision:
     decode: List[int] = field(default_factory=list)
     decode_all: bool = False
     reserve: Dict[int, int] = field(default_factory=dict)
+    lend: List[Tuple[int, int, int]] = field(default_factory=list)
 
 
 class StepView:
@@ -72,6 +76,16 @@ class StepView:
         self.prefilling = engine.prefilling
         #: running requests that need one more block to decode now (their context crosses a block boundary)
         self.growing = engine.growing
+        #: CacheOPT's deviation-direction classifier per request (1: the prediction is under the truth), or None
+        self.direction = engine.direction
+        self._clock, self._last_token = engine.clock, engine.last_token
+
+    def last_token_time(self, i: int) -> float:
+        """When request i produced its latest token (nan before its first)."""
+        clock = self._clock
+        if clock.on[i] and clock.D > clock.cb[i]:
+            return clock.ends[clock.D - 1]
+        return self._last_token[i]
 
     def in_prefill(self, i: int) -> bool:
         return self.prefilled[i] < self.prefill_target[i]

@@ -1,0 +1,124 @@
+"""What a CacheOPT run needs before its first iteration (spec B8.2, B8.4, B8.12, B2.7), computed from the run's config.
+
+* **Direction** (B8.4): the deviation-direction classifier, right with probability ``policy.direction_accuracy``,
+  drawn with its own seed stream (the run's seed, spawn key 11), so the lengths, arrivals and predictions are the
+  same as every baseline's.
+* **Error ranges** (B8.2): (b - a) per (50-token bin of X^, direction) = p95 - p5 of X - X^ on a calibration split:
+  ``policy.calibration_requests`` requests of the same workload and predictor (the paper's 6K test requests), drawn
+  with spawn key 12. A trace workload without ``num_requests`` is calibrated on the run's own requests.
+* **SLOs** (B8.12): the reference TTFT and TBT are the means over ``policy.slo.reference`` (vLLM, RLP, S3 and
+  Sarathi by default: the compared systems without CacheOPT, which B8.12 drops to break the circle) of each system's
+  mean TTFT and mean time between tokens, each run in this process on the very same requests (memoised per process,
+  so a sweep's ablations of one setting pay once). ``policy.slo.ttft_ref`` / ``tbt_ref`` (seconds) skip those runs.
+  Scales U[low, high] per request (or a fixed ``policy.slo.scale``, Fig. 17a), seed = the run's seed
+  (kvstudy/slo.py draw_slos); the TTFT SLO is multiplied by the prompt's chunks of ``policy.token_budget``.
+* **Costs** (B2.7): the swap/recompute regressors of kvstudy/preemption_cost.py for this model, hardware, swap
+  model and block size (memoised).
+"""
+from __future__ import annotations
+
+from typing import Dict, Tuple
+
+import numpy as np
+from omegaconf import OmegaConf
+
+from kvstudy import preemption_cost
+from kvstudy.errors import ConfigError
+from kvstudy.padding import error_ranges
+from kvstudy.predictors import direction
+from kvstudy.slo import draw_slos, reference
+
+_REFERENCES: Dict[str, Tuple[float, float]] = {}
+_COSTS: Dict[tuple, object] = {}
+DEFAULT_REFERENCE = ("vllm", "rlp", "s3", "sarathi")
+
+
+def _directions(seed: int, true, predicted, accuracy: float) -> np.ndarray:
+    return direction(true, predicted, np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(11,))), accuracy)
+
+
+def calibration(cfg, policy, arch, requests, predicted, under) -> dict:
+    from kvstudy import api
+
+    seed = int(cfg.seed)
+    if cfg.workload.get("num_requests") is None:
+        return error_ranges(requests.output_tokens, predicted, under)
+    cal = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    cal.workload.num_requests = int(policy.calibration_requests)
+    req, pred = api.build_requests(cal, arch, np.random.SeedSequence(seed, spawn_key=(12,)))
+    dirs = direction(req.output_tokens, pred, np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(13,))),
+                     policy.direction_accuracy)
+    return error_ranges(req.output_tokens, pred, dirs)
+
+
+def _policy_node(name: str):
+    """conf/policy/<name>.yaml composed; inside a Hydra app (a sweep's run) through the app's own Hydra."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    from kvstudy import api
+
+    try:
+        if GlobalHydra.instance().is_initialized():
+            from hydra import compose
+
+            return compose(config_name="config", overrides=[f"+policy={name}"]).policy
+        return api.compose([f"+policy={name}"]).policy
+    except Exception:
+        raise ConfigError(f"policy.slo.reference names '{name}', which is not a policy "
+                          f"(allowed: {', '.join(api.options('policy'))})") from None
+
+
+def slo_reference(cfg, policy) -> Tuple[float, float]:
+    """(TTFT_ref, TBT_ref) for this run's setting (B8.12), from the reference systems' runs."""
+    from kvstudy import api
+
+    slo = policy.slo
+    if slo.get("ttft_ref") is not None and slo.get("tbt_ref") is not None:
+        return float(slo["ttft_ref"]), float(slo["tbt_ref"])
+    names = list(slo.get("reference") or DEFAULT_REFERENCE)
+    if "cacheopt" in names or any(n.startswith("cacheopt") for n in names):
+        raise ConfigError(f"policy.slo.reference={names}: CacheOPT cannot be its own SLO reference (spec B8.12)")
+    base = OmegaConf.to_container(cfg, resolve=True)
+    base.pop("policy", None)
+    base.setdefault("engine", {})["progress"] = False
+    key = OmegaConf.to_yaml(OmegaConf.create(base)) + "|" + ",".join(names)
+    if key not in _REFERENCES:
+        runs = []
+        for name in names:
+            node = _policy_node(name)
+            ref_cfg = OmegaConf.create({**base, "policy": OmegaConf.to_container(node, resolve=True)})
+            result, _ = api.simulate(ref_cfg)
+            runs.append(result.requests)
+        _REFERENCES[key] = reference(runs)
+    return _REFERENCES[key]
+
+
+def cost_model(cfg, arch, hw, latency, capacity: int):
+    from kvstudy import api
+
+    block = int(cfg.memory.get("block_size", 16))
+    key = (arch.name, hw.name, OmegaConf.to_yaml(cfg.swap), block, capacity)
+    if key not in _COSTS:
+        sizes, rec, swp = preemption_cost.measure(latency, arch, hw, min(8192, capacity), arch.max_model_len,
+                                                  swap=api._instantiate(cfg.swap), block_size=block)
+        _COSTS[key] = preemption_cost.fit(sizes, rec, swp)
+    return _COSTS[key]
+
+
+def prepare(cfg, policy, requests, predicted, arch, hw, latency, capacity: int) -> dict:
+    """Call ``policy.prepare`` and return the engine's extra arguments and what the summary records."""
+    seed = int(cfg.seed)
+    under = _directions(seed, requests.output_tokens, predicted, policy.direction_accuracy)
+    ranges = calibration(cfg, policy, arch, requests, predicted, under)
+    ttft_ref, tbt_ref = slo_reference(cfg, policy)
+    slo = policy.slo
+    low, high = float(slo.get("low", 0.5)), float(slo.get("high", 2.5))
+    if slo.get("scale") is not None:
+        low = high = float(slo["scale"])
+    slo_tft, slo_tbt = draw_slos(requests.prompt_tokens, ttft_ref, tbt_ref, policy.token_budget, seed, low, high)
+    cost = cost_model(cfg, arch, hw, latency, capacity) if policy.strategy == "select" else None
+    policy.prepare(slo_tft, slo_tbt, ranges, cost)
+    info = {"slo_reference": {"ttft": ttft_ref, "tbt": tbt_ref, "low": low, "high": high},
+            "sweet_spot": None if cost is None else cost.sweet_spot,
+            "direction_accuracy_measured": float(np.mean(under == (requests.output_tokens > predicted)))}
+    return {"direction": under, "slo_ttft": slo_tft, "slo_tbt": slo_tbt, "info": info}

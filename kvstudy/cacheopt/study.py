@@ -1,0 +1,179 @@
+"""The CacheOPT study's tables from its sweeps (experiments cacheopt_main / _ablation / _sensitivity; notebook 04).
+
+    from kvstudy.cacheopt import study
+    m = study.metrics("outputs/cacheopt/opt_13b_a100_tp1/main")   # one row per run
+    study.ratios(m)                                               # baseline / CacheOPT per trace and rate
+    study.sustainable(m)                                          # highest rate at the latency target, per system
+
+Per run (kvstudy/slo.py): p99 and p95 TTFT, p99 and p95 of each request's worst gap between tokens (the tail TBT
+here: runs keep each request's largest gap, not every gap, so the spec's pooled p99 is not available), TTFT and TBT
+SLO attainment, normalized latency, mean preemptions, waiting / execution / preemption time, and the scheduler's
+wall time per iteration (Sec. 5.3). A CacheOPT run (or variant) is scored against the per-request SLOs it drew
+(``slo_ttft`` / ``slo_tbt`` in its requests table, spec B8.12); a baseline against those of the CacheOPT run of the
+same (model, trace, rate, seed), which every variant of that setting shares (same reference, same seed); a setting
+without a CacheOPT run has no attainment.
+
+Sustainable rate (Sec. 5.1, "while maintaining similar latencies", spec B5) [D]: per (model, trace) the target is
+``target_factor`` (2) x the lowest mean normalized latency any system reaches at the lowest rate; each system's
+sustainable rate is where its mean normalized latency crosses the target (kvstudy.slo.sustainable_rate,
+interpolated; the highest rate measured if it never does, which makes the ratio a lower bound).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from kvstudy import analysis, slo
+
+SETTING = ["model.name", "hardware.name", "workload.name", "demand.scale", "seed"]
+BASELINES = ("vllm", "rlp", "s3", "sarathi")
+
+
+def _slos(runs: pd.DataFrame) -> dict:
+    """(model, hardware, trace, scale, seed) -> requests table with the SLOs of that setting's CacheOPT run."""
+    out = {}
+    for _, r in runs[runs["policy.name"].astype(str).str.startswith("cacheopt")].iterrows():
+        key = tuple(r[k] for k in SETTING)
+        if key not in out or r["policy.name"] == "cacheopt":
+            req = analysis.requests(r)
+            out[key] = req.sort_values("request_id")[["request_id", "slo_ttft", "slo_tbt"]]
+    return out
+
+
+def metrics(folder) -> pd.DataFrame:
+    """One row per finished run of a CacheOPT-study folder, with the metrics above."""
+    runs = analysis.load_sweep(folder)
+    if not len(runs):
+        return pd.DataFrame()
+    slos = _slos(runs)
+    rows = []
+    for _, r in runs.iterrows():
+        req = analysis.requests(r).sort_values("request_id")
+        row = {k.split(".")[0] if k != "demand.scale" else "scale": r[k] for k in SETTING}
+        row.update({"system": r["policy.name"], "rate": float(r["demand.rate"]) * float(r["demand.scale"]),
+                    "status": r["status"], "folder": r["folder"],
+                    "policy_us_per_iteration": r.get("policy_us_per_iteration", np.nan),
+                    "iterations": r.get("iterations", np.nan)})
+        for k in r.index:  # the knobs a sensitivity sweep varies
+            if k.startswith("policy.") or k == "memory.block_size":
+                row[k] = r[k]
+        row.update(slo.tails(req))
+        if "estimated_output_tokens" in req:
+            row.update(provisioning(req["estimated_output_tokens"], req["output_tokens"]))
+        row.update(slo.time_split(req))
+        key = tuple(r[k] for k in SETTING)
+        own = req if "slo_ttft" in req else None  # a CacheOPT run is scored against the SLOs it drew itself
+        ref = own if own is not None else slos.get(key)
+        if ref is not None and len(ref) == len(req) and (ref["request_id"].to_numpy() == req["request_id"].to_numpy()).all():
+            row["ttft_attainment"], row["tbt_attainment"] = slo.attainment(req, ref["slo_ttft"].to_numpy(),
+                                                                           ref["slo_tbt"].to_numpy())
+        rows.append(row)
+    out = pd.DataFrame(rows)
+    out.attrs["incomplete"] = runs.attrs.get("incomplete", 0)
+    return out
+
+
+def provisioning(estimate, truth) -> dict:
+    """Over- and under-provisioned requests (share) and their mean deviation in tokens (Fig. 17h, Fig. 5)."""
+    e, t = np.asarray(estimate, dtype=float), np.asarray(truth, dtype=float)
+    over, under = e > t, e < t
+    return {"over_share": float(over.mean()), "under_share": float(under.mean()),
+            "over_tokens": float((e - t)[over].mean()) if over.any() else 0.0,
+            "under_tokens": float((t - e)[under].mean()) if under.any() else 0.0}
+
+
+def means(m: pd.DataFrame) -> pd.DataFrame:
+    """Mean over seeds per (model, hardware, trace, scale, system), with the number of seeds."""
+    keys = ["model", "hardware", "workload", "scale", "rate", "system"]
+    g = m.groupby(keys, dropna=False)
+    out = g.mean(numeric_only=True).drop(columns=["seed"], errors="ignore")
+    out["seeds"] = g.size()
+    return out.reset_index()
+
+
+def interval(values) -> float:
+    """Half-width of a 95% t interval of the mean over seeds (0 for one seed)."""
+    v = np.asarray(values, dtype=float)
+    v = v[np.isfinite(v)]
+    if len(v) < 2:
+        return 0.0
+    from scipy import stats
+
+    return float(stats.t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / np.sqrt(len(v)))
+
+
+def ratios(m: pd.DataFrame, reference: str = "cacheopt") -> pd.DataFrame:
+    """Per (model, trace, rate, baseline): tail TTFT and tail TBT of the baseline / of CacheOPT (> 1: CacheOPT's is
+    lower), and CacheOPT's attainment minus the baseline's, from seed means."""
+    mm = means(m)
+    rows = []
+    for key, part in mm.groupby(["model", "hardware", "workload", "scale", "rate"]):
+        part = part.set_index("system")
+        if reference not in part.index:
+            continue
+        ref = part.loc[reference]
+        for b in part.index:
+            if b == reference:
+                continue
+            x = part.loc[b]
+            rows.append(dict(zip(["model", "hardware", "workload", "scale", "rate"], key), baseline=b,
+                             ttft_p99_ratio=x["ttft_p99"] / ref["ttft_p99"],
+                             worst_gap_p99_ratio=x["worst_gap_p99"] / ref["worst_gap_p99"],
+                             ttft_p95_ratio=x["ttft_p95"] / ref["ttft_p95"],
+                             worst_gap_p95_ratio=x["worst_gap_p95"] / ref["worst_gap_p95"],
+                             ttft_attainment_gain=ref.get("ttft_attainment", np.nan) - x.get("ttft_attainment", np.nan),
+                             tbt_attainment_gain=ref.get("tbt_attainment", np.nan) - x.get("tbt_attainment", np.nan),
+                             normalized_latency_ratio=x["normalized_latency"] / ref["normalized_latency"]))
+    return pd.DataFrame(rows)
+
+
+def sustainable(m: pd.DataFrame, target_factor: float = 2.0) -> pd.DataFrame:
+    """Per (model, trace, system): the sustainable rate at the normalized-latency target (module docstring)."""
+    mm = means(m)
+    rows = []
+    for key, part in mm.groupby(["model", "hardware", "workload"]):
+        lowest = part["rate"].min()
+        target = target_factor * part.loc[part["rate"] == lowest, "normalized_latency"].min()
+        for system, s in part.groupby("system"):
+            s = s.sort_values("rate")
+            rate = slo.sustainable_rate(s["rate"].to_numpy(), s["normalized_latency"].to_numpy(), target)
+            rows.append(dict(zip(["model", "hardware", "workload"], key), system=system, target=target,
+                             sustainable_rate=rate,
+                             capped=bool(np.isfinite(rate) and rate >= s["rate"].max() - 1e-12)))
+    out = pd.DataFrame(rows)
+    if len(out):
+        ref = out[out["system"] == "cacheopt"].set_index(["model", "hardware", "workload"])["sustainable_rate"]
+        out["cacheopt_over_this"] = [ref.get((a, b, c), np.nan) / r if r else np.nan
+                                     for a, b, c, r in out[["model", "hardware", "workload", "sustainable_rate"]].itertuples(index=False)]
+    return out
+
+
+def ablation_table(m: pd.DataFrame) -> pd.DataFrame:
+    """Per variant, averaged over traces and seeds, as Sec. 5.2 reports it: how much better the full CacheOPT's
+    tail TTFT / TBT is than the variant's (percent of the variant's) and how much lower the variant's attainments are
+    (percent of the full policy's)."""
+    mm = means(m)
+    rows = []
+    for key, part in mm.groupby(["model", "hardware", "workload", "scale"]):
+        part = part.set_index("system")
+        if "cacheopt" not in part.index:
+            continue
+        full = part.loc["cacheopt"]
+        for v in part.index:
+            if v == "cacheopt":
+                continue
+            x = part.loc[v]
+            rows.append(dict(zip(["model", "hardware", "workload", "scale"], key), variant=v.replace("cacheopt_wo_", "/").upper(),
+                             tail_ttft_better_pct=100 * (1 - full["ttft_p99"] / x["ttft_p99"]),
+                             tail_tbt_better_pct=100 * (1 - full["worst_gap_p99"] / x["worst_gap_p99"]),
+                             ttft_attainment_drop_pct=100 * (1 - x["ttft_attainment"] / full["ttft_attainment"]),
+                             tbt_attainment_drop_pct=100 * (1 - x["tbt_attainment"] / full["tbt_attainment"])
+                             if full["tbt_attainment"] else np.nan,
+                             overhead_less_pct=100 * (1 - x["policy_us_per_iteration"] / full["policy_us_per_iteration"])))
+    return pd.DataFrame(rows)
+
+
+def study_folder(results, model: str, hardware: str, kind: str) -> Path:
+    return Path(results) / "cacheopt" / f"{model}_{hardware}" / kind

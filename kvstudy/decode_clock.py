@@ -9,6 +9,11 @@ O(running). The time of every counted iteration's tokens is kept (``ends``), so 
 gap between tokens is computed when it leaves the clock (preempted, finished, or an iteration that
 decodes only some requests), from the range of iterations it decoded in.
 
+Every gap between a request's tokens is also counted for the pooled distribution of time between tokens (the
+CacheOPT spec's tail TBT, B8.11): a request's first gap on the clock is kept as a value, and its later gaps are
+the iterations' own gaps, counted by how many requests decoded in each (a difference array over the count), so
+recording costs O(1) per request leaving the clock.
+
 Bucket entries are never removed when a request leaves; each is checked against the request's state when
 its count comes (a stale entry fails the check or repeats a valid one, and duplicates are dropped).
 """
@@ -30,6 +35,8 @@ class DecodeClock:
         self.gaps = []  # gaps[k] = ends[k] - ends[k - 1] (gaps[0] unused)
         self.finish_at = defaultdict(list)  # D after the iteration -> requests producing their last token
         self.grow_at = defaultdict(list)  # D before the iteration -> requests needing a block to decode
+        self.first_gaps = []  # each stint's first gap on the clock (from the token before it)
+        self.cover = defaultdict(int)  # difference array: how many requests' gaps include gaps[k]
 
     def generated(self, i: int) -> int:
         return self.gen[i] + self.D - self.cb[i] if self.on[i] else self.gen[i]
@@ -52,6 +59,10 @@ class DecodeClock:
         cb, D = self.cb[i], self.D
         if D > cb:
             first = self.ends[cb] - self.last_token[i]
+            self.first_gaps.append(first)
+            if D - cb > 1:
+                self.cover[cb + 1] += 1
+                self.cover[D] -= 1
             worst = max(first, max(self.gaps[cb + 1:D])) if D - cb > 1 else first
             if worst > self.max_gap[i]:
                 self.max_gap[i] = worst
@@ -60,6 +71,17 @@ class DecodeClock:
         self.gen[i], self.on[i] = g, False
         self.count -= 1
         return g
+
+    def pooled_gaps(self):
+        """(values, weights) of every gap between tokens produced on the clock (the caller adds its own)."""
+        import numpy as np
+
+        w = np.zeros(len(self.gaps) + 1)
+        for k, c in self.cover.items():
+            w[k] += c
+        w = np.cumsum(w)[:len(self.gaps)]
+        return np.concatenate([np.asarray(self.gaps), np.asarray(self.first_gaps)]), \
+            np.concatenate([w, np.ones(len(self.first_gaps))])
 
     def growing(self) -> set:
         """Requests that need one more block to decode in this count's iteration."""

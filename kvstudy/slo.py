@@ -7,7 +7,8 @@
 * Attainment: TTFT, the share of requests with TTFT <= SLO_tft. TBT, the share whose *every* gap meets SLO_tbt,
   i.e. whose worst gap (``max_tbt``) does. An unfinished request meets neither.
 * Tails (B8.11: the paper never names the percentile): p99 and p95 of TTFT and of each request's worst gap. The
-  spec's pooled p99 over all inter-token gaps needs per-token stamps, which runs do not store yet.
+  spec's pooled p99 over all inter-token gaps is in each paged run's summary (``tbt_pooled``, computed by the engine
+  from every gap; kvstudy/cacheopt/study.py reads it).
 * Normalized latency: end-to-end latency / output tokens, averaged over finished requests.
 * Waiting, execution and preemption time (the motivation study, Sec. 2.2). Waiting is arrival to first
   scheduled. Execution is first scheduled to completion, minus the time preempted. Preemption is the time

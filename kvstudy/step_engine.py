@@ -277,6 +277,7 @@ class StepEngine:
             self.first_token[i] = end
         else:
             gap = end - self.last_token[i]
+            self.off_clock_gaps.append(gap)
             if gap > self.max_gap[i]:
                 self.max_gap[i] = gap
         self.last_token[i] = end
@@ -304,6 +305,7 @@ class StepEngine:
         self.state = state = np.full(n, FUTURE, dtype=np.int8)
         self.first_sched, self.first_token, self.completion = [math.nan] * n, [math.nan] * n, [math.nan] * n
         self.last_token, self.max_gap = [math.nan] * n, [0.0] * n
+        self.off_clock_gaps = []  # gaps between tokens produced off the decode clock (pooled TBT)
         self.clock = DecodeClock(n, s, o, mem.block_size, mem.gpu, self.last_token, self.max_gap)
         self.generated = _Generated(self.clock)
         self.prefilled, self.target = [0] * n, list(s)
@@ -517,9 +519,29 @@ class StepEngine:
         if status == "completed" and rejected:
             message = f"{rejected} request(s) rejected (see reject_reason)"
         result = self._result(log, status, message)
+        result.extra["tbt_pooled"] = self._pooled_tbt()
         result.extra["policy_seconds"] = round(policy_s, 4)
         result.extra["policy_us_per_iteration"] = round(1e6 * policy_s / max(1, len(log)), 2)
         return result
+
+    def _pooled_tbt(self) -> dict:
+        """Quantiles of every gap between consecutive tokens of every request, pooled (spec B8.11's tail TBT)."""
+        values, weights = self.clock.pooled_gaps()
+        values = np.concatenate([values, np.asarray(self.off_clock_gaps, dtype=float)])
+        weights = np.concatenate([weights, np.ones(len(self.off_clock_gaps))])
+        keep = weights > 0
+        values, weights = values[keep], weights[keep]
+        if not len(values):
+            return {"count": 0}
+        order = np.argsort(values, kind="stable")
+        values, cum = values[order], np.cumsum(weights[order])
+        total = cum[-1]
+
+        def q(p):  # the smallest gap with at least p of all gaps at or below it (inverted CDF)
+            return float(values[min(len(values) - 1, int(np.searchsorted(cum, p * total - 1e-9)))])
+
+        return {"count": int(round(total)), "mean": float((values * weights[order]).sum() / total),
+                "p50": q(0.5), "p95": q(0.95), "p99": q(0.99), "max": float(values[-1])}
 
     def _result(self, log, status, message) -> EngineResult:
         r, mem, state = self.r, self.memory, self.state

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every run of the CacheOPT study (issue 25; docs/cacheopt.md), then notebook 04. ~25 minutes on 2 cores.
+# Every run of the CacheOPT study (issue 25; docs/cacheopt.md), then notebook 04. ~21 minutes on 2 cores.
 # Finished runs are skipped when this is run again (a killed study resumes where it stopped).
 set -euo pipefail
 OPT175="model=opt_175b hardware=a100_tp8"

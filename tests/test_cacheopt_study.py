@@ -56,7 +56,9 @@ def test_fixed_references_skip_the_baseline_runs(monkeypatch):
 def _frame(rows):
     cols = ["model", "hardware", "workload", "scale", "rate", "system", "seed", "ttft_p99", "ttft_p95", "worst_gap_p99",
             "worst_gap_p95", "ttft_attainment", "tbt_attainment", "normalized_latency", "policy_us_per_iteration"]
-    return pd.DataFrame(rows, columns=cols)
+    df = pd.DataFrame(rows, columns=cols)
+    df["tbt_p99"], df["tbt_p95"] = df["worst_gap_p99"] / 2, df["worst_gap_p95"] / 2  # pooled gaps: half the worst here
+    return df
 
 
 def test_ratios_and_sustainable_rate_by_hand():
@@ -67,6 +69,7 @@ def test_ratios_and_sustainable_rate_by_hand():
     m = _frame(rows)
     r = study.ratios(m)
     assert np.allclose(r["ttft_p99_ratio"], 2.0) and np.allclose(r["worst_gap_p99_ratio"], 3.0)
+    assert np.allclose(r["tbt_p99_ratio"], 3.0)
     assert np.allclose(r["ttft_attainment_gain"], 0.3) and np.allclose(r["tbt_attainment_gain"], 0.4)
     s = study.sustainable(m).set_index("system")
     # target = 2 x 0.10 = 0.2: CacheOPT crosses it between 2 (0.15) and 3 (0.25) at 2.5; vLLM between 1 and 2 at 1.5
@@ -82,6 +85,7 @@ def test_ablation_table_by_hand():
     assert row["variant"] == "/PA"
     assert row["tail_ttft_better_pct"] == pytest.approx(50) and row["tail_tbt_better_pct"] == pytest.approx(50)
     assert row["ttft_attainment_drop_pct"] == pytest.approx(50) and row["tbt_attainment_drop_pct"] == pytest.approx(50)
+    assert row["worst_gap_better_pct"] == pytest.approx(50)
     assert row["overhead_less_pct"] == pytest.approx(20)
 
 
@@ -91,6 +95,7 @@ def test_metrics_of_a_small_sweep_score_every_system_against_the_same_slos(tmp_p
         api.run(cfg, tmp_path / p)
     m = study.metrics(tmp_path)
     assert set(m["system"]) == {"vllm", "cacheopt"} and m["ttft_attainment"].notna().all()
+    assert (m["tbt_p95"] <= m["tbt_p99"]).all() and (m["tbt_p95"] > 0).all()
     assert np.allclose(m["rate"], 28.0 * 0.3)
 
 
@@ -112,3 +117,11 @@ def test_every_line_of_the_study_script_composes():
         cfg = api.compose(overrides)
         check_config(cfg)
         assert cfg.engine.progress is False
+
+
+def test_intervals_are_95_percent_t_half_widths():
+    # seeds 1, 2, 3: mean 2, sd 1, t(0.975, 2) = 4.303 -> half-width 4.303 / sqrt(3) = 2.484
+    assert study.interval([1.0, 2.0, 3.0]) == pytest.approx(2.4841, abs=1e-4)
+    assert study.interval([5.0]) == 0.0
+    m = _frame([["m", "h", "t", 1.0, 1.0, "vllm", s, v, 0, 0, 0, 0, 0, 0, 0] for s, v in enumerate([1.0, 2.0, 3.0])])
+    assert study.with_intervals(m, "ttft_p99").loc[("t", 1.0), "vllm"] == "2 ± 2.5"

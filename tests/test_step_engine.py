@@ -172,6 +172,12 @@ def test_invariants_on_random_instances(seed, which, block, swap_gb, watermark):
     assert (it.kv_tokens_in_use <= it.blocks_used * block).all()
     done = q[q.state == "done"]
     assert (done.completion_time >= done.first_token_time).all() and (done.ttft > 0).all()
+    # the pooled gaps between tokens (B8.11's tail TBT): o - 1 gaps per request, summing to first token -> completion
+    pooled, gaps = res.extra["tbt_pooled"], int((done.output_tokens - 1).sum())
+    assert pooled.get("count", 0) == gaps
+    if gaps:
+        assert pooled["mean"] * gaps == pytest.approx((done.completion_time - done.first_token_time).sum())
+        assert pooled["max"] == pytest.approx(done.max_tbt.max()) and pooled["p50"] <= pooled["p99"] <= pooled["max"]
     came_back = {i for i in policy.at_preemption if q.state[i] != "rejected"}
     assert not came_back  # every preempted request came back (or was rejected, with its reason)
     again = step_engine(req, Recorder(POLICIES[which]()), capacity=64, block_size=block, swap_space_gb=swap_gb,

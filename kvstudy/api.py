@@ -218,17 +218,9 @@ def simulate(cfg: DictConfig) -> Tuple[EngineResult, dict]:
                     "latency": latency.describe(), "simulate_seconds": round(time.perf_counter() - sim_started, 3),
                     "wall_seconds": round(time.perf_counter() - started, 3)}
     if prepared is not None:
-        order = pd.Series(np.arange(len(requests)), index=requests.request_id)[result.requests["request_id"]].to_numpy()
-        result.requests["slo_ttft"] = prepared["slo_ttft"][order]
-        result.requests["slo_tbt"] = prepared["slo_tbt"][order]
-        result.requests["direction_under"] = prepared["direction"][order]
-        est = np.full(len(requests), -1, dtype=np.int64)  # -1: never seen (a run stopped early)
-        seen = policy.estimates()
-        est[:len(seen)] = seen
-        result.requests["estimated_output_tokens"] = est[order]
-        result.extra["cacheopt"] = {**prepared["info"], "stalls": int(getattr(policy, "stalls", 0)),
-                                    "preemptions_by_cause": dict(getattr(policy, "causes", {})),
-                                    "embedded": int(getattr(policy, "embedded", 0))}
+        from kvstudy.cacheopt.setup import annotate
+
+        annotate(result, requests, policy, prepared)
     return result, summarize(result)
 
 

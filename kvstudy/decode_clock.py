@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+import numpy as np
+
 
 class DecodeClock:
     def __init__(self, n: int, prompt, output, block_size: int, held: dict, last_token: list, max_gap: list) -> None:
@@ -74,8 +76,6 @@ class DecodeClock:
 
     def pooled_gaps(self):
         """(values, weights) of every gap between tokens produced on the clock (the caller adds its own)."""
-        import numpy as np
-
         w = np.zeros(len(self.gaps) + 1)
         for k, c in self.cover.items():
             w[k] += c

@@ -149,7 +149,7 @@ class StepEngine:
                 raise PolicyError(f"policy '{name}': reserve {{{i!r}: {tokens!r}}} must name a request of this "
                                   f"decision or a running one, not preempted, with a token count >= 0")
         lent, guests = {}, set()
-        starting = {i for i, _ in d.prefill if state[i] == WAITING}
+        starting = {i for i, _ in d.prefill if state[i] == WAITING} if d.lend else ()
         for item in d.lend:
             if not (isinstance(item, tuple) and len(item) == 3):
                 raise PolicyError(f"policy '{name}': lend entries are (guest, host, blocks), got {item!r}")
@@ -206,13 +206,10 @@ class StepEngine:
             g = self.clock.stop(i) if self.clock.on[i] else self.clock.gen[i]
             self.decode_ctx -= s[i] + g - 1
         held = mem.held(i)
-        host = mem.loans[i][0] if i in mem.loans else None
         # swap only if the request can come back: host room, and can_swap_in (its blocks + 1 above the watermark)
         # not NEVER-like on an empty cache; else it is recomputed (vLLM would keep it swapped out forever)
         if mode == SWAP and mem.host_has_room(held) and mem.num_blocks - (held + 1) >= mem.watermark_blocks:
-            blocks = mem.swap_out(i)
-            if host is not None:
-                self.clock.reschedule_growth(host)
+            blocks = self._free(i, swap=True)
             self.moved_out += blocks
             self.swapped_bytes[i] += blocks * self.block_bytes_all
             self.state[i] = SWAPPED
@@ -227,9 +224,7 @@ class StepEngine:
             self.prefilling.discard(i)
         else:
             self.recomputed[i] += s[i] + g - 1
-        mem.release(i)
-        if host is not None:
-            self.clock.reschedule_growth(host)
+        self._free(i)
         self.prefilled[i] = 0
         self.target[i] = s[i] + g
         self.state[i] = WAITING
@@ -240,6 +235,16 @@ class StepEngine:
                               f"generated = {s[i] + g} tokens; the watermark leaves "
                               f"{mem.num_blocks - mem.watermark_blocks}")
         return RECOMPUTE
+
+    def _free(self, i: int, swap: bool = False) -> int:
+        """Release request i's GPU blocks (to host space with ``swap``); a loan it held goes back to its host, whose
+        next block boundary then moves. Returns the blocks it held."""
+        mem = self.memory
+        host = mem.loans[i][0] if mem.loans and i in mem.loans else None
+        blocks = mem.swap_out(i) if swap else mem.release(i)
+        if host is not None:
+            self.clock.reschedule_growth(host)
+        return blocks
 
     def _resumed(self, i: int, t: float) -> None:
         if self.preempted_at[i] == self.preempted_at[i]:
@@ -492,10 +497,7 @@ class StepEngine:
                     self.completion[i] = end
                     state[i] = DONE
                     running.remove(i)
-                    host = mem.loans[i][0] if mem.loans and i in mem.loans else None
-                    mem.release(i)
-                    if host is not None:
-                        clock.reschedule_growth(host)
+                    self._free(i)
                     self.reserved_ids.discard(i)
                 completed += len(finished)
                 if bar is not None and finished:

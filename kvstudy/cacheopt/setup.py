@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Dict, Tuple
 
 import numpy as np
+import pandas as pd
 from omegaconf import OmegaConf
 
 from kvstudy import preemption_cost
@@ -122,3 +123,18 @@ def prepare(cfg, policy, requests, predicted, arch, hw, latency, capacity: int) 
             "sweet_spot": None if cost is None else cost.sweet_spot,
             "direction_accuracy_measured": float(np.mean(under == (requests.output_tokens > predicted)))}
     return {"direction": under, "slo_ttft": slo_tft, "slo_tbt": slo_tbt, "info": info}
+
+
+def annotate(result, requests, policy, prepared: dict) -> None:
+    """After the run: each request's SLOs, classifier direction and padded estimate s_o (-1: never seen, a run
+    stopped early) as columns of its requests table, and the policy's counters in the summary (``cacheopt``)."""
+    order = pd.Series(np.arange(len(requests)), index=requests.request_id)[result.requests["request_id"]].to_numpy()
+    est = np.full(len(requests), -1, dtype=np.int64)
+    seen = policy.estimates()
+    est[:len(seen)] = seen
+    result.requests["slo_ttft"] = prepared["slo_ttft"][order]
+    result.requests["slo_tbt"] = prepared["slo_tbt"][order]
+    result.requests["direction_under"] = prepared["direction"][order]
+    result.requests["estimated_output_tokens"] = est[order]
+    result.extra["cacheopt"] = {**prepared["info"], "stalls": policy.stalls, "preemptions_by_cause": dict(policy.causes),
+                                "embedded": policy.embedded}

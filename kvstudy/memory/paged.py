@@ -125,26 +125,19 @@ class PagedMemory:
         self.gpu[guest] = self.gpu.get(guest, 0) + blocks
         self.loans[guest] = (host, blocks)
 
-    def lenders(self) -> set:
-        return {h for h, _ in self.loans.values()}
-
-    def _settle(self, i: int) -> int:
-        """Request i leaves the GPU: its loan goes back to its host (returns the blocks repaid), and loans it made
+    def _settle(self, i: int) -> None:
+        """Request i leaves the GPU: its loan goes back to its host (if the host still holds KV), and loans it made
         become its guests' own."""
-        repaid = 0
         if i in self.loans:
             host, blocks = self.loans.pop(i)
             if host in self.gpu:
                 self.gpu[host] += blocks
                 self.gpu[i] -= blocks
-                repaid = blocks
-        if self.loans:
-            for guest in [g for g, (h, _) in self.loans.items() if h == i]:
-                del self.loans[guest]
-        return repaid
+        for guest in [g for g, (h, _) in self.loans.items() if h == i]:
+            del self.loans[guest]
 
     def release(self, i: int) -> int:
-        """Free request i's blocks (a loan goes back to its host); returns the blocks it held."""
+        """Free request i's blocks (a loan's go back to its host); returns the blocks it held, loan included."""
         held = self.gpu.get(i, 0)
         if self.loans:
             self._settle(i)
@@ -153,10 +146,7 @@ class PagedMemory:
 
     def swap_out(self, i: int) -> int:
         """Request i's KV to the host: all its blocks are copied; a loan's blocks stay on the GPU with its host."""
-        held = self.gpu.get(i, 0)
-        if self.loans:
-            self._settle(i)
-        self.used -= self.gpu.pop(i, 0)
+        held = self.release(i)
         self.host[i] = held
         self.host_used += held
         return held

@@ -167,8 +167,10 @@ class CacheOPT(StepPolicy):
     def _mode(self, view: StepView, i: int) -> str:
         if view.in_prefill(i) or self.strategy == "recompute":
             return RECOMPUTE
-        if self.strategy == "swap" or self.cost is None:
-            return SWAP if self.strategy == "swap" else RECOMPUTE
+        if self.strategy == "swap":
+            return SWAP
+        if self.cost is None:
+            return RECOMPUTE
         c = self.cost
         return choose_mode(self._ctx(view, i), c.sweet_spot, lambda x: float(c.recompute(x)), lambda x: float(c.swap(x)))
 
@@ -370,10 +372,10 @@ class CacheOPT(StepPolicy):
             admitted.append(i)
             return self._start(view, d, i, budget)
         mem, bs = view.memory, view.memory.block_size
-        need = self._need(view, i)
-        blocks = min(mem.blocks(need + (bs if view.state[i] != SWAPPED else 1)), mem.num_blocks)
         if view.state[i] == SWAPPED:
-            blocks = max(mem.host[i], mem.blocks(view.prompt[i] + view.waiting_generated[i]))
+            blocks = mem.swap_in_blocks(i, view.prompt[i] + view.waiting_generated[i])
+        else:
+            blocks = min(mem.blocks(self._need(view, i) + bs), mem.num_blocks)
         if not st.take(blocks, reserve_ok=False):
             if not self.preempt_for_waiting or not preempt(blocks + st.reserve, st.grown | {h for _, h, _ in d.lend}, "critical_waiting"):
                 return budget
@@ -420,8 +422,7 @@ class CacheOPT(StepPolicy):
             if st.num_seqs >= self.max_num_seqs:
                 continue
             if view.state[i] == SWAPPED:
-                need = max(mem.host[i], mem.blocks(view.prompt[i] + view.waiting_generated[i]))
-                if not st.take(need, reserve_ok=False):
+                if not st.take(mem.swap_in_blocks(i, view.prompt[i] + view.waiting_generated[i]), reserve_ok=False):
                     continue
                 st.num_seqs += 1
                 d.swap_in.append(i)
@@ -443,7 +444,6 @@ class CacheOPT(StepPolicy):
                 if view.state[i] == WAITING:  # a new start without budget: it does not start
                     d.reserve.pop(i, None)
                     d.lend = [x for x in d.lend if x[0] != i]
-                    continue
                 continue
             c = min(chunk, left)
             left -= c

@@ -7,7 +7,8 @@
 
 Columns: the resolved config flattened with dots (``policy.alpha``, ``demand.name``, ``seed``, ...), the
 summary flattened the same way (``e2e_latency.mean``, ``status``, ``clearing_events``, ...), ``algorithm``
-(a readable label, Table 1 style) and ``folder``. Unfinished runs (no summary.json) are left out and
+(a readable label, Table 1 style), ``regime`` (``authors`` for a ``regime=authors`` run, else its hardware) and
+``folder``. Unfinished runs (no summary.json) are left out and
 counted in ``df.attrs["incomplete"]``.
 """
 from __future__ import annotations
@@ -16,6 +17,7 @@ import json
 from pathlib import Path
 from typing import Any, Dict
 
+import numpy as np
 import pandas as pd
 from omegaconf import OmegaConf
 
@@ -74,6 +76,9 @@ def load_sweep(folder) -> pd.DataFrame:
     df = pd.DataFrame(rows)
     if len(df):
         df["algorithm"] = df.apply(algorithm_label, axis=1)
+        # which regime of the MC-SF study a run belongs to: regime=authors, else its hardware
+        names = df["regime.name"] if "regime.name" in df else pd.Series("none", index=df.index)
+        df["regime"] = np.where(names == "authors", "authors", df.get("hardware.name", pd.Series("", index=df.index)))
     df.attrs["incomplete"] = incomplete
     return df
 
@@ -86,10 +91,11 @@ def iterations(row: pd.Series) -> pd.DataFrame:
     return pd.read_parquet(Path(row["folder"]) / "iterations.parquet")
 
 
-#: the two hardware regimes of the MC-SF study (issue 26): kvstudy's default and the paper's likely one
+#: the regimes of the MC-SF study: kvstudy's default, one A100 timing all layers (issue 26), the authors' (issue 32)
 REGIMES = {
     "a100_tp2": "two A100s, tensor parallel (kvstudy's default)",
-    "a100_vidur_default": "one A100 timing all layers (Vidur's default replica: the paper's likely regime)",
+    "a100_vidur_default": "one A100 timing all layers (Vidur's default replica)",
+    "authors": "the authors' scripts: their batch-time formula, checks and event order (regime=authors)",
 }
 
 

@@ -179,7 +179,8 @@ def build_engine(cfg: DictConfig, requests: Requests, predicted: np.ndarray, pol
                               f"paper's admission-only model)")
         return Engine(requests, predicted, policy, latency, capacity,
                       overflow_cost=str(cfg.engine.get("overflow_cost", "batch")),
-                      raise_prediction_on_eviction=cfg.engine.get("raise_prediction_on_eviction", False), **common)
+                      raise_prediction_on_eviction=cfg.engine.get("raise_prediction_on_eviction", False),
+                      arrivals=str(cfg.engine.get("arrivals", "paper")), **common)
     if not preemptive:
         raise ConfigError(f"policy '{cfg.policy.name}' is admission-only and runs on memory=paper; memory="
                           f"{cfg.memory.name} needs a preemptive policy (vllm, sarathi)")

@@ -30,6 +30,13 @@ Conventions (the one place they are written down; MC-SF paper Sec. 2 and IP cons
   prediction rises to at least one more than the tokens it had produced (it was still running, so its length
   is larger), so eq. (5) no longer drops it at the same point after re-admission; S3 (Jin et al. 2023) applies
   a harsher version of the same idea, doubling a request's predicted demand each time it overruns.
+  ``authors_code`` charges what the MC-SF authors' scripts charge (``alpha-greedy.py``, ``alpha-beta.py``):
+  nothing when the eviction brings the KV in use within capacity, else one idle second before the policy is
+  asked again (their loop's "advance time by 1 unit").
+* ``arrivals`` (``paper``, default): requests that have arrived by the clock join the queue before each decision.
+  ``authors_code`` follows the event order of the authors' scripts: an arrival at the very instant a batch ends
+  joins after the next batch is formed, and an idle engine forms a batch right after the first arrival that
+  wakes it (later arrivals at the same instant wait for that batch). The two differ only on ties in time.
 * A request whose s + o exceeds capacity can never be served: it is marked ``rejected`` up front.
   If the policy admits nothing while nothing runs and no arrival is left, the run ends ``stalled``.
 """
@@ -150,13 +157,17 @@ def _range_max(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray
 class Engine:
     def __init__(self, requests: Requests, predicted: np.ndarray, policy: Policy, latency, capacity: int,
                  stall_limit: int = 100, max_iterations: int = 50_000_000, progress: bool = False,
-                 overflow_cost: str = "batch", raise_prediction_on_eviction: bool = False) -> None:
+                 overflow_cost: str = "batch", raise_prediction_on_eviction: bool = False,
+                 arrivals: str = "paper") -> None:
         if not isinstance(raise_prediction_on_eviction, bool):
             raise KvStudyError(f"engine.raise_prediction_on_eviction={raise_prediction_on_eviction!r}: allowed true, "
                                f"false")
         self.raise_on_eviction = raise_prediction_on_eviction
-        if overflow_cost not in ("batch", "free"):
-            raise KvStudyError(f"engine.overflow_cost={overflow_cost!r}: allowed batch, free")
+        if overflow_cost not in ("batch", "free", "authors_code"):
+            raise KvStudyError(f"engine.overflow_cost={overflow_cost!r}: allowed batch, free, authors_code")
+        if arrivals not in ("paper", "authors_code"):
+            raise KvStudyError(f"engine.arrivals={arrivals!r}: allowed paper, authors_code")
+        self.arrivals = arrivals
         if capacity <= 0:
             raise KvStudyError(f"memory.capacity_tokens={capacity}: must be a positive number of tokens")
         self.overflow_cost = overflow_cost
@@ -231,9 +242,32 @@ class Engine:
             from tqdm import tqdm
 
             bar = tqdm(total=n, desc=f"{name}", unit="req", leave=False)
+        # authors_code: an arrival at the instant a batch ends joins after that batch is formed (strictly earlier
+        # arrivals only), and an idle engine wakes for one arrival (``wake``)
+        strict = self.arrivals == "authors_code"
+
+        def wake():
+            """The clock an idle engine jumps to (None: nothing left to arrive). Under authors_code the request
+            arriving then joins the queue at once, alone."""
+            nonlocal nxt
+            if not strict:
+                return arrival_clock(nxt) if nxt < n else None
+            while nxt < n and state[nxt] != FUTURE:  # rejected requests never arrive
+                nxt += 1
+            if nxt >= n:
+                return None
+            state[nxt] = WAITING
+            waiting.append(nxt)
+            if by_pred is not None:
+                bisect.insort(by_pred, int(pred[nxt]) * n + nxt)
+            nxt += 1
+            return arrival_clock(nxt - 1)
+
+        needs_generated = bool(getattr(self.latency, "needs_generated", False))
+        s_run = 0  # sum of the running requests' prompts: kv - s_run is the tokens they have produced
         try:
             while True:
-                while nxt < n and a[nxt] <= t:
+                while nxt < n and (a[nxt] < t if strict else a[nxt] <= t):
                     if state[nxt] == FUTURE:
                         state[nxt] = WAITING
                         waiting.append(nxt)
@@ -241,9 +275,10 @@ class Engine:
                             bisect.insort(by_pred, int(pred[nxt]) * n + nxt)
                     nxt += 1
                 if not waiting and not running:
-                    if nxt >= n:
+                    woke = wake()
+                    if woke is None:
                         break
-                    t = arrival_clock(nxt)
+                    t = woke
                     continue
                 if rnd >= self.max_iterations:
                     status, message = "max_iterations", f"stopped after {rnd} iterations (engine.max_iterations)"
@@ -255,9 +290,14 @@ class Engine:
                     victims = run_arr[evict]
                     dt = 0.0
                     if self.overflow_cost == "batch":
-                        dt = float(iteration_seconds([], len(run_arr), kv - len(run_arr)))
+                        extra = {"decode_generated_sum": kv - s_run} if needs_generated else {}
+                        dt = float(iteration_seconds([], len(run_arr), kv - len(run_arr), **extra))
                     log.append((t, dt, len(run_arr), 0, 0, kv, True, len(victims)))
                     kv -= int((s[victims] + rnd - p_round[victims]).sum())
+                    s_run -= int(s[victims].sum())
+                    if self.overflow_cost == "authors_code" and kv > M:
+                        dt = 1.0  # the scripts idle one second before clearing again
+                        log[-1] = (t, dt) + log[-1][2:]
                     for i in victims.tolist():
                         del running[i]
                     state[victims] = WAITING
@@ -312,8 +352,9 @@ class Engine:
                         drop = set(chosen.tolist())
                         waiting = [w for k, w in enumerate(waiting) if k not in drop]
                 elif not running:
-                    if nxt < n:
-                        t = arrival_clock(nxt)  # not arrived yet, so later than t
+                    woke = wake()  # not arrived yet, so later than t (or at t under authors_code)
+                    if woke is not None:
+                        t = woke
                         continue
                     status = "stalled"
                     first = int(r.request_id[waiting[0]])
@@ -323,7 +364,11 @@ class Engine:
                     break
                 num_running = len(running)
                 chunks = [(s_list[i], 0) for i in admitted]
-                dt = float(iteration_seconds(chunks, num_running, kv - num_running))
+                if needs_generated:
+                    dt = float(iteration_seconds(chunks, num_running, kv - num_running,
+                                                 decode_generated_sum=kv - s_run))
+                else:
+                    dt = float(iteration_seconds(chunks, num_running, kv - num_running))
                 stamp = t if at_start else t + dt
                 prefill = sum(c for c, _ in chunks)
                 log.append((t, dt, num_running + len(admitted), prefill, num_running, kv, False, 0))
@@ -332,6 +377,7 @@ class Engine:
                 for i in finished:
                     del running[i]
                     freed += s_list[i] + o_list[i]
+                    s_run -= s_list[i]
                 if finished:
                     for i in finished:  # few per round: element-wise beats building index arrays
                         completion[i] = stamp
@@ -346,6 +392,7 @@ class Engine:
                     finish_at.setdefault(rnd + o_list[i], []).append(i)
                 if admitted:
                     kv += prefill + len(admitted)
+                    s_run += prefill
                     for i in admitted:
                         state[i] = RUNNING
                         p_round[i] = rnd

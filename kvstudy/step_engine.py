@@ -345,6 +345,7 @@ class StepEngine:
         if type(self.latency) is VidurLatency:  # the same call without one layer of indirection per step
             iteration_seconds = self.latency.tables.iteration_ms
         swap_seconds, overlap = self.swap.seconds, self.swap.overlap
+        needs_generated = bool(getattr(self.latency, "needs_generated", False))
         t, step, nxt, no_token, completed = 0.0, 0, 0, 0, 0
         policy_s = 0.0  # wall time inside policy.step (the scheduling overhead CacheOPT's Sec. 5.3 compares)
         status, message = "completed", ""
@@ -444,7 +445,14 @@ class StepEngine:
                                    f"running and {len(swapped)} swapped")
                         break
                     continue
-                compute = float(iteration_seconds(chunks, n_dec, ctx_now))
+                if needs_generated:  # the MC-SF authors' formula: the decodes' produced tokens (prompt not counted)
+                    if d.decode_all:
+                        gen_sum = ctx_now + n_dec - sum(s[i] for i in running if i not in prefilling)
+                    else:
+                        gen_sum = sum(clock.gen[i] for i in d.decode) if listed else 0
+                    compute = float(iteration_seconds(chunks, n_dec, ctx_now, decode_generated_sum=gen_sum))
+                else:
+                    compute = float(iteration_seconds(chunks, n_dec, ctx_now))
                 dt = max(compute, swap_s) if overlap else compute + swap_s
                 end = t + dt
                 # tokens: one per decoder, one per prefill whose last chunk ran

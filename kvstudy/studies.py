@@ -2,7 +2,8 @@
 
 ``python -m kvstudy.studies alpha-search +demand=high [hardware=a100_vidur_default seed=0 ... out=DIR]``
 
-Writes ``outputs/alpha_search/<hardware>/<demand>.json`` (``out=DIR``: ``DIR/<demand>.json``).
+Writes ``outputs/alpha_search/<hardware>/<demand>.json`` (``regime=authors``: ``outputs/alpha_search/authors/``;
+``out=DIR``: ``DIR/<demand>.json``).
 
 Smallest alpha for which alpha-protection greedy terminates (Jaillet et al., Sec. 5.2.1: a grid search with
 step 0.01; the paper found 0.21 for high demand and 0.24 for low). alpha is scanned upward from 0.01; a run
@@ -52,7 +53,7 @@ def main(argv=None) -> int:
     cfg = api.compose(["+policy=alpha_greedy"] + overrides)
     demand = cfg.get("demand")
     if out_dir is None:
-        out_dir = Path("outputs/alpha_search") / cfg.hardware.name
+        out_dir = Path("outputs/alpha_search") / str(cfg.regime.folder)
     for alpha, status, clearing, mean in rows:
         print(f"alpha={alpha:.2f}  {status:12s} clearing events {clearing:4d}  mean e2e {mean if mean is None else round(mean, 2)}")
     done = [r for r in rows if r[1] == "completed"]

@@ -25,7 +25,7 @@ AT_LEAST = {"seed": 0, "workload.num_requests": 1, "workload.max_total_tokens": 
             "engine.stall_limit": 1, "engine.max_iterations": 1}
 #: groups chosen with + (not in the root defaults list)
 APPENDED = ("policy", "demand", "algo", "experiment")
-_SKIP_GROUPS = ("hydra", "experiment", "algo")
+_SKIP_GROUPS = ("hydra", "experiment", "algo", "regime")
 
 
 def _walk(node, prefix: str, out: Dict[str, Set[type]]) -> None:
@@ -49,7 +49,7 @@ def default_types() -> Dict[str, frozenset]:
             node = OmegaConf.to_container(OmegaConf.load(option), resolve=False)
             node = {k: v for k, v in node.items() if k != "defaults"} if isinstance(node, dict) else node
             _walk(node, group.name, found)
-    for group in ("experiment", "algo"):  # global-package files: what they set is allowed too (capacity: auto)
+    for group in ("experiment", "algo", "regime"):  # global-package files: what they set is allowed too (capacity: auto)
         for option in sorted((CONF_DIR / group).glob("*.yaml")):
             text = option.read_text()
             node = OmegaConf.to_container(OmegaConf.load(option), resolve=False)

@@ -27,3 +27,5 @@ FOLDER = {**{name: f"{name}/a100_tp2" for name in ("table1", "table1_fixed_set",
                                                                                     "sensitivity")}}
 #: the MC-SF experiments notebook 01 also shows in the paper's likely regime (hardware=a100_vidur_default)
 PAPER_REGIME = ("table1", "fig3")
+#: the MC-SF experiments notebook 01 also shows in the authors' regime (regime=authors)
+AUTHORS_REGIME = ("table1", "table1_fixed_set", "fig3", "fig5", "alpha_beta_sweep")

@@ -68,10 +68,14 @@ def test_paper_regime_hardware_is_a_timing_model():
 @pytest.mark.parametrize("experiment", ["table1", "table1_fixed_set", "fig3", "fig5", "fig5_remedy", "fig5_reference",
                                         "alpha_beta_sweep"])
 def test_mcsf_experiments_keep_each_regime_in_its_own_folder(experiment):
-    """Each MC-SF experiment's folder names the hardware and its run folders do not, so `hardware=a100_tp2` given
-    explicitly finds the default's finished runs (no duplicates in one folder)."""
+    """Each MC-SF experiment's folder names the regime (the hardware, or `authors` under regime=authors) and its run
+    folders do not, so `hardware=a100_tp2` given explicitly finds the default's finished runs (no duplicates in one
+    folder) and the authors' regime never mixes with a hardware's."""
     from omegaconf import OmegaConf
 
     plain = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "experiment" / f"{experiment}.yaml"), resolve=False)
-    assert plain["hydra"]["sweep"]["dir"] == f"outputs/{experiment}/${{hardware.name}}"
-    assert "hardware" in plain["hydra"]["job"]["config"]["override_dirname"]["exclude_keys"]
+    assert plain["hydra"]["sweep"]["dir"] == f"outputs/{experiment}/${{regime.folder}}"
+    assert {"hardware", "regime"} <= set(plain["hydra"]["job"]["config"]["override_dirname"]["exclude_keys"])
+    assert api.compose([f"+experiment={experiment}"]).regime.folder == "a100_tp2"
+    assert api.compose([f"+experiment={experiment}", "hardware=a100_vidur_default"]).regime.folder == "a100_vidur_default"
+    assert api.compose([f"+experiment={experiment}", "regime=authors"]).regime.folder == "authors"

@@ -7,7 +7,7 @@ import nbformat
 import pytest
 
 from kvstudy.paths import REPO_ROOT
-from tests.small import FOLDER, PAPER_REGIME, SMALL
+from tests.small import AUTHORS_REGIME, FOLDER, PAPER_REGIME, SMALL
 
 NOTEBOOKS = sorted((REPO_ROOT / "notebooks").glob("*.ipynb"))
 
@@ -26,10 +26,14 @@ def small_results(tmp_path_factory):
     for name in PAPER_REGIME:
         run(["kvstudy", f"+experiment={name}", *SMALL[name], "hardware=a100_vidur_default",
              f"hydra.sweep.dir={root / name / 'a100_vidur_default'}"])
-    for hardware in ("a100_tp2", "a100_vidur_default"):
+    for name in AUTHORS_REGIME:
+        run(["kvstudy", f"+experiment={name}", *SMALL[name], "regime=authors",
+             f"hydra.sweep.dir={root / name / 'authors'}"])
+    for folder, setting in (("a100_tp2", "hardware=a100_tp2"), ("a100_vidur_default", "hardware=a100_vidur_default"),
+                            ("authors", "regime=authors")):
         for demand in ("high", "low"):
-            run(["kvstudy.studies", "alpha-search", f"+demand={demand}", "workload.num_requests=150",
-                 f"hardware={hardware}", f"out={root / 'alpha_search' / hardware}"])
+            run(["kvstudy.studies", "alpha-search", f"+demand={demand}", "workload.num_requests=150", setting,
+                 f"out={root / 'alpha_search' / folder}"])
     for model in (1, 2):
         run(["kvstudy.optimum", "study", "--model", str(model), "--trials", "2", "--time-limit", "1", "--lns", "1",
              "--out", str(root / "optimum" / f"model{model}.parquet")])

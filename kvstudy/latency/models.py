@@ -9,9 +9,12 @@ attention on the mean context, so the sum is all it needs).
   are then round indices and follow the paper's convention that a round's tokens are stamped with
   the round's index (``stamps_at_start``), so a request admitted in round p completes at p + o.
 * ``linear``: d0 + d1 * tokens seconds, a cheap stand-in for fast tests.
+* ``mcsf_authors``: the linear batch-time formula the MC-SF authors' published scripts time every batch with
+  (``anonymouspeople111/neurips2025-code``, ``MC-SF.py`` and the three others), see ``McsfAuthorsLatency``.
 """
 from __future__ import annotations
 
+import math
 import sys
 import tempfile
 import time
@@ -31,6 +34,9 @@ class LatencyModel:
     name = "base"
     #: True: a token is stamped with the start of its iteration (paper's round index); False: with its end.
     stamps_at_start = False
+    #: True: ``iteration_seconds`` also takes ``decode_generated_sum``, the sum over the decodes of the tokens each
+    #: has produced so far (its prompt not counted); the engines compute it only for a model that asks
+    needs_generated = False
 
     def iteration_seconds(self, prefill_chunks: Chunks, num_decodes: int, decode_context_sum: int) -> float:
         raise NotImplementedError
@@ -63,6 +69,52 @@ class LinearLatency(LatencyModel):
 
     def describe(self) -> dict:
         return {"name": self.name, "d0": self.d0, "d1": self.d1}
+
+
+class McsfAuthorsLatency(LatencyModel):
+    """The MC-SF authors' batch time: ``t_ms = (a * c + b) * B + t0 + p * P`` (their scripts' coefficients by default:
+    a = 0.0027, b = 0.52, t0 = 44.6, p = 0.378), where B is the number of jobs in the batch (prompts, or prefill
+    chunks, plus decodes), P the prompt tokens processed, and c the mean over the B jobs of their "context": 0 for
+    a prompt, and for a decode the tokens its request has produced so far (1 at the first decode after the prompt;
+    the prompt's tokens are not counted). Evaluated with the scripts' order of floating-point operations, so that
+    kvstudy's clock matches theirs to the last bit (docs/authors_code.md).
+
+    What the 44.6 ms intercept implies: every batch costs at least 45 ms, and the per-job term (0.52 ms, plus
+    0.0027 ms per token of mean context) is several times Vidur's marginal decode cost. Against Vidur's Llama2-70B
+    on two A100s (kvstudy's default): one decode 45.1 vs 57.5 ms, 50 decodes (100 tokens produced, 170 of context)
+    84.1 vs 60.9 ms, 200 such decodes 202.6 vs 87.8 ms, a 500-token prompt 234.1 vs 186.3 ms. So the formula is
+    faster for a lone decode but 1.4-2.3x slower for the batches MC-SF forms under load; on Table 1's high-demand
+    requests a batch takes 91.9 ms on average against 69.1 ms (MC-SF, seed 0), which is what doubles the mean
+    latency (docs/authors_code.md).
+    """
+
+    name = "mcsf_authors"
+    needs_generated = True
+
+    def __init__(self, per_context_ms: float = 0.0027, per_job_ms: float = 0.52, intercept_ms: float = 44.6,
+                 per_prompt_token_ms: float = 0.378, **_ignored) -> None:
+        values = {"per_context_ms": per_context_ms, "per_job_ms": per_job_ms, "intercept_ms": intercept_ms,
+                  "per_prompt_token_ms": per_prompt_token_ms}
+        for key, value in values.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ConfigError(f"latency.{key}={value!r}: allowed a finite number >= 0")
+        if per_job_ms + intercept_ms <= 0:
+            raise ConfigError("latency.per_job_ms and latency.intercept_ms are both 0: a batch would take no time")
+        self.a, self.b, self.t0, self.p = (float(per_context_ms), float(per_job_ms), float(intercept_ms),
+                                           float(per_prompt_token_ms))
+
+    def iteration_seconds(self, prefill_chunks, num_decodes, decode_context_sum, decode_generated_sum=None) -> float:
+        if decode_generated_sum is None:
+            raise TypeError("McsfAuthorsLatency needs decode_generated_sum (the decodes' produced tokens)")
+        jobs = len(prefill_chunks) + num_decodes
+        prompt = sum(c for c, _ in prefill_chunks)
+        # the scripts' expression: mean context as int / int, then ((a * c + b) * B + t0 + p * P) / 1000
+        mean_context = decode_generated_sum / jobs
+        return ((self.a * mean_context + self.b) * jobs + self.t0 + self.p * prompt) / 1000
+
+    def describe(self) -> dict:
+        return {"name": self.name, "per_context_ms": self.a, "per_job_ms": self.b, "intercept_ms": self.t0,
+                "per_prompt_token_ms": self.p}
 
 
 class VidurLatency(LatencyModel):

@@ -4,6 +4,10 @@ Both keep every running request and add the largest prefix of the ordered waitin
 eq. (5) holds at all predicted completion times; they differ only in the order: shortest predicted
 output first (MC-SF, eq. (6)) or arrival order (MC-Benchmark). Both stop at the first request that
 fails the check ("Break the for loop" in both algorithms).
+
+``admission``: ``paper`` (default) checks eq. (5) as the paper writes it; ``authors_code`` checks what the
+authors' real-data scripts (``MC-SF.py``, ``MC-Benchmark.py``) check, with ``avg_batch_time`` standing for their
+undefined ``average_batch_processing_time`` (``AuthorsCheck``; docs/authors_code.md).
 """
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ import numpy as np
 
 from kvstudy.errors import ConfigError
 from kvstudy.policies.base import Policy, SchedulerView, fifo_order, shortest_predicted_order
-from kvstudy.policies.memory_check import FutureMemory, running_terms
+from kvstudy.policies.memory_check import AuthorsCheck, FutureMemory, running_terms
 
 
 class PrefixFutureMemoryPolicy(Policy):
@@ -20,15 +24,27 @@ class PrefixFutureMemoryPolicy(Policy):
     ``margin`` is 0 in Alg. 1/2; Sec. 5.2.2 plans with noisy predictions under alpha = 0.1.
     """
 
-    def __init__(self, margin: float = 0.0) -> None:
+    def __init__(self, margin: float = 0.0, admission: str = "paper", avg_batch_time: float = 0.05) -> None:
         if not 0.0 <= margin < 1.0:
             raise ConfigError(f"policy.margin={margin}: allowed 0 <= margin < 1")
+        if admission not in ("paper", "authors_code"):
+            raise ConfigError(f"policy.admission={admission!r}: allowed paper (eq. (5)), authors_code (the authors' "
+                              f"scripts' check)")
+        if isinstance(avg_batch_time, bool) or not isinstance(avg_batch_time, (int, float)) or not (
+                1e-4 <= avg_batch_time < float("inf")):
+            raise ConfigError(f"policy.avg_batch_time={avg_batch_time!r}: allowed a number of seconds >= 0.0001")
         self.margin = float(margin)
+        self.admission, self.avg_batch_time = admission, float(avg_batch_time)
+
+    def _memory(self, view: SchedulerView, budget: int):
+        w, d = running_terms(view)
+        if self.admission == "authors_code":
+            return AuthorsCheck(budget, w, d, float(view.time), self.avg_batch_time)
+        return FutureMemory(budget, w, d)
 
     def admit(self, view: SchedulerView, order: np.ndarray) -> np.ndarray:
         budget = int(np.floor((1.0 - self.margin) * view.capacity))
-        w, d = running_terms(view)
-        memory = FutureMemory(budget, w, d)
+        memory = self._memory(view, budget)
         prompts, predicted = view.waiting_prompt, view.waiting_predicted
         taken = 0
         for pos in order:
@@ -44,7 +60,7 @@ class PrefixFutureMemoryPolicy(Policy):
         if view.num_waiting == 0:
             return np.empty(0, dtype=np.int64)
         budget = int(np.floor((1.0 - self.margin) * view.capacity))
-        memory = FutureMemory(budget, *running_terms(view))
+        memory = self._memory(view, budget)
         taken = []
         for pos, prompt, predicted in view.ordered_waiting(self.waiting_order):
             if not memory.try_add(prompt, predicted):

@@ -12,6 +12,9 @@ argument after eq. (6)). ``FutureMemory`` keeps the memory at every check point;
 costs O(K) vector work for K check points, so a round is O(K * |U|) rather than the O(M^2) bound of
 Prop. 4.2. Running requests past their predicted end (d < 1) drop out, exactly as the indicator in
 eq. (5) does.
+
+``steps`` generalises what a request gains by a check point: eq. (5) adds tau tokens at point tau; the MC-SF
+authors' scripts add ``authors_steps`` of it (``AuthorsCheck`` below, docs/authors_code.md).
 """
 from __future__ import annotations
 
@@ -19,8 +22,11 @@ import numpy as np
 
 
 class FutureMemory:
-    def __init__(self, capacity: int, running_w: np.ndarray, running_d: np.ndarray) -> None:
+    def __init__(self, capacity: int, running_w: np.ndarray, running_d: np.ndarray, steps=None) -> None:
+        """``steps(points)``: the tokens a request still running at each check point has gained by then (an
+        int64 array for an int64 array; None: the point itself, eq. (5))."""
         self.capacity = capacity
+        self.steps = steps
         keep = running_d >= 1
         self.w = running_w[keep].astype(np.int64)
         self.d = running_d[keep].astype(np.int64)
@@ -37,7 +43,7 @@ class FutureMemory:
             suffix_w = np.concatenate((np.cumsum(w_sorted[::-1])[::-1], [0]))
             first = np.searchsorted(d_sorted, pts, side="left")
             count = len(d_sorted) - first
-            self.mem = suffix_w[first] + pts * count
+            self.mem = suffix_w[first] + (pts if steps is None else steps(pts)) * count
         else:
             pts = np.empty(0, dtype=np.int64)
             self.mem = np.empty(0, dtype=np.int64)
@@ -48,7 +54,8 @@ class FutureMemory:
 
     def try_add(self, w: int, d: int) -> bool:
         """Add a request starting now with prompt w and predicted output d if eq. (5) still holds."""
-        at_pts = self.mem + np.where(self.pts <= d, w + self.pts, 0)
+        gained = self.pts if self.steps is None else self.steps(self.pts)
+        at_pts = self.mem + np.where(self.pts <= d, w + gained, 0)
         if len(at_pts) and at_pts.max() > self.capacity:
             return False
         idx = np.searchsorted(self.pts, d)
@@ -56,7 +63,8 @@ class FutureMemory:
             self.mem = at_pts
         else:
             mask = self.d >= d
-            at_d = int(self.w[mask].sum()) + d * int(mask.sum()) + w + d
+            g = d if self.steps is None else int(self.steps(np.array([d], dtype=np.int64))[0])
+            at_d = int(self.w[mask].sum()) + g * int(mask.sum()) + w + g
             if at_d > self.capacity:
                 return False
             self.mem = np.insert(at_pts, idx, at_d)
@@ -71,3 +79,37 @@ def running_terms(view) -> tuple:
     w = view.running_prompt + view.running_generated + 1
     d = view.running_predicted - view.running_generated - 1
     return w, d
+
+
+def authors_steps(now: float, batch_time: float):
+    """The tokens the MC-SF authors' look-ahead credits a request with by the check point k batches ahead, as their
+    floating-point arithmetic computes it: the point is the time ``now + k * batch_time``, and the batches elapsed by
+    then are that time minus ``now``, floor-divided by ``batch_time``. That is k, or k - 1 when the two roundings
+    land just below (now = 1.0, batch_time = 0.05, k = 3 gives 2; with 0.05 it happens at about half of all
+    points). numpy's float64 floor division is Python's
+    (tests/test_authors_code.py checks both against Python floats)."""
+    def steps(points: np.ndarray) -> np.ndarray:
+        at = now + points * batch_time
+        return ((at - now) // batch_time).astype(np.int64)
+    return steps
+
+
+class AuthorsCheck:
+    """The look-ahead memory check of the MC-SF authors' ``MC-SF.py`` and ``MC-Benchmark.py`` (real-data study),
+    as a ``FutureMemory`` with other terms. Their scripts differ from eq. (5) in two ways:
+
+    * a request is counted at the very instant it completes: at the point of its last token it still holds
+      s + o + 1 (its prompt's first token counted as held KV), so its check point is one batch later than eq. (5)'s:
+      d = o - j instead of o - j - 1 for a running request after j decodes, o + 1 instead of o for a new one;
+    * the tokens gained by a point come from ``authors_steps`` (their time arithmetic), not the point itself.
+
+    A request's completion time in the scripts, ``now + (o + 1 - tokens) * batch_time``, orders requests like
+    their remaining batches for any batch_time >= 1e-4 s (their 1e-6 s tolerance never merges two), so the active
+    set at a point is the requests with d >= point, as here.
+    """
+
+    def __init__(self, budget: int, running_w: np.ndarray, running_d: np.ndarray, now: float, batch_time: float):
+        self.memory = FutureMemory(budget, running_w, running_d + 1, steps=authors_steps(now, batch_time))
+
+    def try_add(self, prompt: int, predicted: int) -> bool:
+        return self.memory.try_add(prompt, predicted + 1)

@@ -8,6 +8,12 @@ that does not fit. On an overflow all running requests are cleared (sent back un
 independently with probability beta (possibly none, in which case the overflow repeats next round).
 
 KV use here is the running requests' memory in this round, sum(s + j + 1), as the engine charges it.
+
+``admission=authors_code`` runs what the authors' scripts (``alpha-greedy.py``, ``alpha-beta.py``) run instead of
+Sec. 5.2's text: when the running requests' KV is at most (1 - alpha) M, *every* waiting prompt is admitted in
+arrival order, none checked (their undefined batch cap ``B`` taken as no cap); and a beta-clearing pass draws one
+uniform per running request in ascending request id (the scripts draw from an unseeded ``random`` over a set).
+docs/authors_code.md.
 """
 from __future__ import annotations
 
@@ -22,9 +28,13 @@ from kvstudy.policies.base import Policy, SchedulerView, fifo_order
 class AlphaProtection(Policy):
     name = "alpha_protection"
 
-    def __init__(self, alpha: float = 0.3, beta: Optional[float] = None) -> None:
+    def __init__(self, alpha: float = 0.3, beta: Optional[float] = None, admission: str = "paper") -> None:
         if not 0.0 <= alpha < 1.0:
             raise ConfigError(f"policy.alpha={alpha}: allowed 0 <= alpha < 1")
+        if admission not in ("paper", "authors_code"):
+            raise ConfigError(f"policy.admission={admission!r}: allowed paper (Sec. 5.2), authors_code (the authors' "
+                              f"scripts)")
+        self.admission = admission
         if beta is not None and not 0.0 < beta <= 1.0:
             raise ConfigError(f"policy.beta={beta}: allowed 0 < beta <= 1 (or null for greedy clearing)")
         self.alpha = float(alpha)
@@ -37,6 +47,10 @@ class AlphaProtection(Policy):
     def schedule(self, view: SchedulerView) -> np.ndarray:
         """Same decision as ``admit(view, order(view))`` (a test pins this), computed the fast way: under
         FCFS only the head of the queue matters, so it is read in growing prefixes, not whole."""
+        if self.admission == "authors_code":  # the scripts: all of the queue when the running KV is within (1 - a) M
+            if view.num_waiting == 0 or view.running_kv_tokens > view.capacity * (1 - self.alpha):
+                return np.empty(0, dtype=np.int64)
+            return np.arange(view.num_waiting)
         budget = (1.0 - self.alpha) * view.capacity - view.running_kv_tokens
         k, total = 8, view.num_waiting
         if total == 0 or view.head_prompts(1)[0] + 1 > budget:  # the common case under load: nothing fits
@@ -49,6 +63,8 @@ class AlphaProtection(Policy):
             k *= 4
 
     def admit(self, view: SchedulerView, order: np.ndarray) -> np.ndarray:
+        if self.admission == "authors_code":
+            return order if view.running_kv_tokens <= view.capacity * (1 - self.alpha) else order[:0]
         budget = (1.0 - self.alpha) * view.capacity - view.running_kv_tokens
         need = np.cumsum(view.waiting_prompt[order] + 1)
         return order[: int(np.searchsorted(need, budget, side="right"))]
@@ -56,6 +72,9 @@ class AlphaProtection(Policy):
     def on_overflow(self, view: SchedulerView) -> np.ndarray:
         if self.beta is None:
             return np.arange(len(view.running_ids))
+        if self.admission == "authors_code":  # one draw per running request, in ascending request id
+            by_id = np.argsort(view.running_ids, kind="stable")
+            return np.sort(by_id[self._rng.random(len(by_id)) < self.beta])
         return np.flatnonzero(self._rng.random(len(view.running_ids)) < self.beta)
 
 

@@ -180,7 +180,11 @@ def build_engine(cfg: DictConfig, requests: Requests, predicted: np.ndarray, pol
         return Engine(requests, predicted, policy, latency, capacity,
                       overflow_cost=str(cfg.engine.get("overflow_cost", "batch")),
                       raise_prediction_on_eviction=cfg.engine.get("raise_prediction_on_eviction", False),
-                      arrivals=str(cfg.engine.get("arrivals", "paper")), **common)
+                      arrivals=str(cfg.engine.get("arrivals", "paper")), max_batch=cfg.engine.get("max_batch"),
+                      **common)
+    if cfg.engine.get("max_batch") is not None:
+        raise ConfigError(f"engine.max_batch={cfg.engine.max_batch} applies to memory=paper (the MC-SF authors' batch cap); "
+                          f"on memory={cfg.memory.name} a policy caps its own batch (policy.max_num_seqs)")
     if not preemptive:
         raise ConfigError(f"policy '{cfg.policy.name}' is admission-only and runs on memory=paper; memory="
                           f"{cfg.memory.name} needs a preemptive policy (vllm, sarathi)")

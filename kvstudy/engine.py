@@ -37,6 +37,10 @@ Conventions (the one place they are written down; MC-SF paper Sec. 2 and IP cons
   ``authors_code`` follows the event order of the authors' scripts: an arrival at the very instant a batch ends
   joins after the next batch is formed, and an idle engine forms a batch right after the first arrival that
   wakes it (later arrivals at the same instant wait for that batch). The two differ only on ties in time.
+* ``max_batch`` (default none): at most that many jobs (decodes and prompts) per iteration, the batch cap ``B`` of
+  the authors' alpha scripts. Decodes come first, the lowest request ids (arrival order) when more are running;
+  a running request left out waits that round holding its KV (its schedule moves one round later; its ``max_tbt``
+  is not computed); the policy's admissions are cut to the slots left, in the policy's order.
 * A request whose s + o exceeds capacity can never be served: it is marked ``rejected`` up front.
   If the policy admits nothing while nothing runs and no arrival is left, the run ends ``stalled``.
 """
@@ -158,7 +162,7 @@ class Engine:
     def __init__(self, requests: Requests, predicted: np.ndarray, policy: Policy, latency, capacity: int,
                  stall_limit: int = 100, max_iterations: int = 50_000_000, progress: bool = False,
                  overflow_cost: str = "batch", raise_prediction_on_eviction: bool = False,
-                 arrivals: str = "paper") -> None:
+                 arrivals: str = "paper", max_batch=None) -> None:
         if not isinstance(raise_prediction_on_eviction, bool):
             raise KvStudyError(f"engine.raise_prediction_on_eviction={raise_prediction_on_eviction!r}: allowed true, "
                                f"false")
@@ -168,6 +172,9 @@ class Engine:
         if arrivals not in ("paper", "authors_code"):
             raise KvStudyError(f"engine.arrivals={arrivals!r}: allowed paper, authors_code")
         self.arrivals = arrivals
+        if max_batch is not None and (isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1):
+            raise KvStudyError(f"engine.max_batch={max_batch!r}: allowed null (no cap) or a whole number >= 1")
+        self.max_batch = max_batch
         if capacity <= 0:
             raise KvStudyError(f"memory.capacity_tokens={capacity}: must be a positive number of tokens")
         self.overflow_cost = overflow_cost
@@ -264,6 +271,8 @@ class Engine:
             return arrival_clock(nxt - 1)
 
         needs_generated = bool(getattr(self.latency, "needs_generated", False))
+        cap = self.max_batch
+        skipped = np.zeros(n, dtype=bool)  # waited a round under the batch cap: its largest gap is not tracked
         s_run = 0  # sum of the running requests' prompts: kv - s_run is the tokens they have produced
         try:
             while True:
@@ -334,6 +343,8 @@ class Engine:
                 if waiting:  # a policy admits only from the queue: with none waiting there is nothing to ask
                     view = _LazyView(self, rnd, t, waiting, running, kv)
                     chosen = self._positions(self.policy.schedule(view), len(waiting), "admission", name)
+                    if cap is not None and len(chosen) > cap - min(len(running), cap):
+                        chosen = chosen[: cap - min(len(running), cap)]  # decodes first, prompts fill the rest
                     admitted = [waiting[k] for k in chosen.tolist()]
                 else:
                     admitted = []
@@ -363,12 +374,25 @@ class Engine:
                                f"{int(self.pred[waiting[0]])}, capacity {M})")
                     break
                 num_running = len(running)
+                kv_dec, s_dec = kv, s_run  # the decodes' KV and prompts: every running request's, unless capped
+                if cap is not None and num_running > cap:
+                    # the batch cap: the lowest request ids decode, the others wait this round without a token (their
+                    # schedule moves one round later, as survivors of a clearing event do)
+                    ordered = sorted(running)
+                    idle = ordered[cap:]
+                    kv_dec = sum(s_list[i] + rnd - int(p_round[i]) for i in ordered[:cap])
+                    s_dec = sum(s_list[i] for i in ordered[:cap])
+                    for i in idle:
+                        p_round[i] += 1
+                        finish_at.setdefault(int(p_round[i]) + o_list[i], []).append(i)
+                        skipped[i] = True
+                    num_running = cap
                 chunks = [(s_list[i], 0) for i in admitted]
                 if needs_generated:
-                    dt = float(iteration_seconds(chunks, num_running, kv - num_running,
-                                                 decode_generated_sum=kv - s_run))
+                    dt = float(iteration_seconds(chunks, num_running, kv_dec - num_running,
+                                                 decode_generated_sum=kv_dec - s_dec))
                 else:
-                    dt = float(iteration_seconds(chunks, num_running, kv - num_running))
+                    dt = float(iteration_seconds(chunks, num_running, kv_dec - num_running))
                 stamp = t if at_start else t + dt
                 prefill = sum(c for c, _ in chunks)
                 log.append((t, dt, num_running + len(admitted), prefill, num_running, kv, False, 0))
@@ -386,7 +410,7 @@ class Engine:
                     since_completion = 0
                     if bar is not None:
                         bar.update(len(finished))
-                kv += (num_running - len(finished)) - freed  # survivors grow by one token each
+                kv += (num_running - len(finished)) - freed  # surviving decodes grow by one token each
                 for i in admitted:
                     running[i] = None
                     finish_at.setdefault(rnd + o_list[i], []).append(i)
@@ -415,6 +439,7 @@ class Engine:
         start, dur, over = (iterations[c].to_numpy() for c in ("start", "duration", "overflow"))
         mean_tbt, max_tbt = self._tbt(state, o, completion, admit_stamp, p_round, done_round, start, dur, over,
                                       at_start)
+        max_tbt[skipped] = np.nan  # its rounds were not consecutive: the range maximum does not apply
         states = np.array(["future", "waiting", "running", "done", "rejected"])[state]
         requests = pd.DataFrame({
             "request_id": r.request_id, "arrival_time": a, "prompt_tokens": s, "output_tokens": o,

@@ -25,7 +25,7 @@ POLICY = {"mcsf": ["+policy=mcsf"], "mc_benchmark": ["+policy=mc_benchmark"],
           "alpha_beta": ["+policy=alpha_beta", "policy.alpha=0.2", "policy.beta=0.1"]}
 
 
-def run_both(algorithm, seed, n, capacity, demand="high", extra=()):
+def run_both(algorithm, seed, n, capacity, demand="high", extra=(), batch_cap=None):
     cfg = api.compose([*POLICY[algorithm], f"+demand={demand}", "regime=authors", f"seed={seed}",
                        f"workload.num_requests={n}", f"memory.capacity_tokens={capacity}", "engine.progress=false",
                        # no request with s + o + 1 > M: the scripts would queue it forever (kvstudy rejects it up front;
@@ -37,7 +37,8 @@ def run_both(algorithm, seed, n, capacity, demand="high", extra=()):
     if algorithm.startswith("alpha"):
         kw = {"alpha": float(cfg.policy.alpha), "beta": cfg.policy.beta, "seed": seed}
     ref = authors_reference.simulate(algorithm, req.arrival_time.tolist(), req.prompt_tokens.tolist(),
-                                     req.output_tokens.tolist(), capacity, avg_batch_time=0.05, **kw)
+                                     req.output_tokens.tolist(), capacity, avg_batch_time=0.05, batch_cap=batch_cap,
+                                     **kw)
     return result, req, ref
 
 
@@ -179,3 +180,24 @@ def test_regime_sets_every_key_and_each_key_stands_alone():
 def test_mcsf_policies_refuse_a_tiny_batch_time():
     with pytest.raises(ConfigError, match="avg_batch_time"):
         MCBenchmark(admission="authors_code", avg_batch_time=1e-7)
+
+
+@pytest.mark.parametrize("algorithm,cap,seed,capacity", [("alpha_greedy", 24, 1, 2500), ("alpha_greedy", 32, 1, 3000),
+                                                         ("alpha_beta", 24, 2, 2500), ("alpha_beta", 64, 1, 3000)])
+def test_alpha_scripts_with_a_batch_cap_match_request_by_request(algorithm, cap, seed, capacity):
+    # B given (engine.max_batch): decodes first, lowest ids (the reference's choice for the scripts' set order),
+    # then prompts in arrival order up to B
+    result, req, ref = run_both(algorithm, seed, 200, capacity, extra=[f"engine.max_batch={cap}"], batch_cap=cap)
+    assert result.status == "completed" and ref["status"] == "completed"
+    assert (result.iterations["batch_size"] <= cap).all() and (result.iterations["batch_size"] == cap).any()
+    assert result.clearing_events == ref["resets"] > 0
+    assert_same_completions(req, ref)
+
+
+def test_batch_cap_is_refused_where_it_means_nothing():
+    with pytest.raises(ConfigError, match="engine.max_batch"):
+        api.simulate(api.compose(["+policy=vllm", "+demand=high", "workload.num_requests=5", "engine.max_batch=4",
+                                  "latency=unit"]))
+    with pytest.raises(Exception, match="engine.max_batch=0"):
+        api.simulate(api.compose(["+policy=mcsf", "+demand=high", "workload.num_requests=5", "engine.max_batch=0",
+                                  "latency=unit"]))

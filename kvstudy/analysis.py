@@ -52,6 +52,9 @@ def algorithm_label(row: pd.Series) -> str:
         label += f", eps = {row['predictor.epsilon']:g}"
     if row.get("engine.raise_prediction_on_eviction") is True:
         label += ", remedy"
+    cap = row.get("engine.max_batch")
+    if cap is not None and cap == cap:  # set, not NaN (a column other runs of the sweep leave empty)
+        label += f", B = {int(cap)}"
     return label
 
 

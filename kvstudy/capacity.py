@@ -67,7 +67,7 @@ def resolve_capacity(value, arch: ModelArch, hw: HardwareSpec, **auto_kw) -> int
 
 def fit_note(arch: ModelArch, hw: HardwareSpec, capacity_tokens: int) -> Optional[str]:
     """One line when a fixed capacity describes a deployment the GPUs cannot hold (weights plus that KV cache
-    above their memory): a timing study may want it (the MC-SF paper's likely regime times Llama2-70B on one
+    above their memory): a timing study may want it (hardware=a100_vidur_default times Llama2-70B on one
     A100), so it runs, but never without a word."""
     weights = _weights_per_gpu(arch, hw)
     kv = capacity_tokens * _kv_bytes_per_token(arch, hw)

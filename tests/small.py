@@ -4,6 +4,7 @@ and the README-command test."""
 SMALL = {  # experiment -> overrides that shrink it (same code path, fewer and smaller runs)
     "table1": ["seed=0,1", "workload.num_requests=150"],
     "table1_fixed_set": ["seed=0,1", "workload.num_requests=150"],
+    "table1_batch_cap": ["+algo=a030,a020_b010", "engine.max_batch=64,128", "seed=0", "workload.num_requests=150"],
     "fig3": ["+algo=mcsf,mc_benchmark,a030,a010_b010", "workload.num_requests=100,200"],
     "fig5": ["seed=0", "workload.num_requests=150"],
     "fig5_reference": ["seed=0", "workload.num_requests=150"],
@@ -22,6 +23,7 @@ SMALL = {  # experiment -> overrides that shrink it (same code path, fewer and s
 #: where an experiment's sweep goes under the results root, as its config puts it under outputs/
 FOLDER = {**{name: f"{name}/a100_tp2" for name in ("table1", "table1_fixed_set", "fig3", "fig5", "fig5_reference",
                                                     "fig5_remedy", "alpha_beta_sweep")},
+          "table1_batch_cap": "table1_batch_cap/authors",
           **{f"rr_sjf_{part}": f"rr_sjf/llama32_1b_l4_tp1/{part}" for part in ("policies", "quantum", "noise", "rate")},
           **{f"cacheopt_{part}": f"cacheopt/opt_13b_a100_tp1/{part}" for part in ("motivation", "main", "ablation",
                                                                                     "sensitivity")}}

@@ -165,6 +165,13 @@ def build_memory(cfg: DictConfig, capacity: int):
     return _instantiate(cfg.memory, capacity_tokens=capacity)
 
 
+def _whole(value):
+    """A whole number given as 1e3 (Hydra reads a float) as the int it is; anything else unchanged (checked later)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
 def build_engine(cfg: DictConfig, requests: Requests, predicted: np.ndarray, policy, latency, arch: ModelArch,
                  hw: HardwareSpec, capacity: int, direction=None):
     """The loop the memory model needs: ``paper`` runs :class:`Engine` (constraint (3), admission-only
@@ -180,11 +187,16 @@ def build_engine(cfg: DictConfig, requests: Requests, predicted: np.ndarray, pol
         return Engine(requests, predicted, policy, latency, capacity,
                       overflow_cost=str(cfg.engine.get("overflow_cost", "batch")),
                       raise_prediction_on_eviction=cfg.engine.get("raise_prediction_on_eviction", False),
-                      arrivals=str(cfg.engine.get("arrivals", "paper")), max_batch=cfg.engine.get("max_batch"),
+                      arrivals=cfg.engine.get("arrivals", "paper"), max_batch=_whole(cfg.engine.get("max_batch")),
                       **common)
     if cfg.engine.get("max_batch") is not None:
         raise ConfigError(f"engine.max_batch={cfg.engine.max_batch} applies to memory=paper (the MC-SF authors' batch cap); "
                           f"on memory={cfg.memory.name} a policy caps its own batch (policy.max_num_seqs)")
+    for key in ("arrivals", "overflow_cost"):  # the authors' event order and clearing cost: the paper loop's only
+        if cfg.engine.get(key) == "authors_code":
+            raise ConfigError(f"engine.{key}=authors_code (set by regime=authors) reproduces the MC-SF authors' scripts on "
+                              f"memory=paper; on memory={cfg.memory.name} choose latency=mcsf_authors alone for their "
+                              f"batch-time formula")
     if not preemptive:
         raise ConfigError(f"policy '{cfg.policy.name}' is admission-only and runs on memory=paper; memory="
                           f"{cfg.memory.name} needs a preemptive policy (vllm, sarathi)")

@@ -24,23 +24,21 @@ Conventions (the one place they are written down; MC-SF paper Sec. 2 and IP cons
   beta-clearing policy that evicts too few requests pays again next round, which is the "significant
   time" the paper attributes to small beta (App. C). ``free`` charges nothing beyond the recomputation.
   An overflow is recorded as an iteration with ``overflow`` true, ``cleared`` = requests evicted (possibly
-  0 under beta-clearing) and its true ``kv_tokens_in_use`` (> capacity). ``stall_limit`` consecutive clearing events without a completed request end the run
+  0 under beta-clearing) and its true ``kv_tokens_in_use`` (> capacity). ``authors_code`` charges what the MC-SF
+  authors' scripts charge (``alpha-greedy.py``, ``alpha-beta.py``): nothing when the eviction brings the KV in use
+  within capacity, else one idle second before the policy is asked again, arrivals up to its end included. ``stall_limit`` consecutive clearing events without a completed request end the run
   with status ``no_progress`` (the paper's "infinite processing loops" of a too-small alpha).
 * ``raise_prediction_on_eviction`` (default false, the paper's literal rule): when true, an evicted request's
   prediction rises to at least one more than the tokens it had produced (it was still running, so its length
   is larger), so eq. (5) no longer drops it at the same point after re-admission; S3 (Jin et al. 2023) applies
   a harsher version of the same idea, doubling a request's predicted demand each time it overruns.
-  ``authors_code`` charges what the MC-SF authors' scripts charge (``alpha-greedy.py``, ``alpha-beta.py``):
-  nothing when the eviction brings the KV in use within capacity, else one idle second before the policy is
-  asked again (their loop's "advance time by 1 unit").
 * ``arrivals`` (``paper``, default): requests that have arrived by the clock join the queue before each decision.
   ``authors_code`` follows the event order of the authors' scripts: an arrival at the very instant a batch ends
   joins after the next batch is formed, and an idle engine forms a batch right after the first arrival that
   wakes it (later arrivals at the same instant wait for that batch). The two differ only on ties in time.
 * ``max_batch`` (default none): at most that many jobs (decodes and prompts) per iteration, the batch cap ``B`` of
-  the authors' alpha scripts. Decodes come first, the lowest request ids (arrival order) when more are running;
-  a running request left out waits that round holding its KV (its schedule moves one round later; its ``max_tbt``
-  is not computed); the policy's admissions are cut to the slots left, in the policy's order.
+  the authors' alpha scripts. Decodes come first and the policy's admissions are cut, in its order, to the slots
+  they leave; so no more than ``max_batch`` requests ever run and every running request still decodes each round.
 * A request whose s + o exceeds capacity can never be served: it is marked ``rejected`` up front.
   If the policy admits nothing while nothing runs and no arrival is left, the run ends ``stalled``.
 """
@@ -252,6 +250,7 @@ class Engine:
         # authors_code: an arrival at the instant a batch ends joins after that batch is formed (strictly earlier
         # arrivals only), and an idle engine wakes for one arrival (``wake``)
         strict = self.arrivals == "authors_code"
+        idled = False  # authors_code: the last step was an idle second, whose end arrivals join at (inclusive)
 
         def wake():
             """The clock an idle engine jumps to (None: nothing left to arrive). Under authors_code the request
@@ -272,17 +271,17 @@ class Engine:
 
         needs_generated = bool(getattr(self.latency, "needs_generated", False))
         cap = self.max_batch
-        skipped = np.zeros(n, dtype=bool)  # waited a round under the batch cap: its largest gap is not tracked
         s_run = 0  # sum of the running requests' prompts: kv - s_run is the tokens they have produced
         try:
             while True:
-                while nxt < n and (a[nxt] < t if strict else a[nxt] <= t):
+                while nxt < n and (a[nxt] < t if strict and not idled else a[nxt] <= t):
                     if state[nxt] == FUTURE:
                         state[nxt] = WAITING
                         waiting.append(nxt)
                         if by_pred is not None:
                             bisect.insort(by_pred, int(pred[nxt]) * n + nxt)
                     nxt += 1
+                idled = False
                 if not waiting and not running:
                     woke = wake()
                     if woke is None:
@@ -307,6 +306,7 @@ class Engine:
                     if self.overflow_cost == "authors_code" and kv > M:
                         dt = 1.0  # the scripts idle one second before clearing again
                         log[-1] = (t, dt) + log[-1][2:]
+                        idled = True  # ... taking the arrivals up to and including its end
                     for i in victims.tolist():
                         del running[i]
                     state[victims] = WAITING
@@ -343,8 +343,8 @@ class Engine:
                 if waiting:  # a policy admits only from the queue: with none waiting there is nothing to ask
                     view = _LazyView(self, rnd, t, waiting, running, kv)
                     chosen = self._positions(self.policy.schedule(view), len(waiting), "admission", name)
-                    if cap is not None and len(chosen) > cap - min(len(running), cap):
-                        chosen = chosen[: cap - min(len(running), cap)]  # decodes first, prompts fill the rest
+                    if cap is not None and len(chosen) > cap - len(running):
+                        chosen = chosen[: cap - len(running)]  # decodes first, prompts fill the rest
                     admitted = [waiting[k] for k in chosen.tolist()]
                 else:
                     admitted = []
@@ -374,25 +374,12 @@ class Engine:
                                f"{int(self.pred[waiting[0]])}, capacity {M})")
                     break
                 num_running = len(running)
-                kv_dec, s_dec = kv, s_run  # the decodes' KV and prompts: every running request's, unless capped
-                if cap is not None and num_running > cap:
-                    # the batch cap: the lowest request ids decode, the others wait this round without a token (their
-                    # schedule moves one round later, as survivors of a clearing event do)
-                    ordered = sorted(running)
-                    idle = ordered[cap:]
-                    kv_dec = sum(s_list[i] + rnd - int(p_round[i]) for i in ordered[:cap])
-                    s_dec = sum(s_list[i] for i in ordered[:cap])
-                    for i in idle:
-                        p_round[i] += 1
-                        finish_at.setdefault(int(p_round[i]) + o_list[i], []).append(i)
-                        skipped[i] = True
-                    num_running = cap
                 chunks = [(s_list[i], 0) for i in admitted]
                 if needs_generated:
-                    dt = float(iteration_seconds(chunks, num_running, kv_dec - num_running,
-                                                 decode_generated_sum=kv_dec - s_dec))
+                    dt = float(iteration_seconds(chunks, num_running, kv - num_running,
+                                                 decode_generated_sum=kv - s_run))
                 else:
-                    dt = float(iteration_seconds(chunks, num_running, kv_dec - num_running))
+                    dt = float(iteration_seconds(chunks, num_running, kv - num_running))
                 stamp = t if at_start else t + dt
                 prefill = sum(c for c, _ in chunks)
                 log.append((t, dt, num_running + len(admitted), prefill, num_running, kv, False, 0))
@@ -410,7 +397,7 @@ class Engine:
                     since_completion = 0
                     if bar is not None:
                         bar.update(len(finished))
-                kv += (num_running - len(finished)) - freed  # surviving decodes grow by one token each
+                kv += (num_running - len(finished)) - freed  # survivors grow by one token each
                 for i in admitted:
                     running[i] = None
                     finish_at.setdefault(rnd + o_list[i], []).append(i)
@@ -439,7 +426,6 @@ class Engine:
         start, dur, over = (iterations[c].to_numpy() for c in ("start", "duration", "overflow"))
         mean_tbt, max_tbt = self._tbt(state, o, completion, admit_stamp, p_round, done_round, start, dur, over,
                                       at_start)
-        max_tbt[skipped] = np.nan  # its rounds were not consecutive: the range maximum does not apply
         states = np.array(["future", "waiting", "running", "done", "rejected"])[state]
         requests = pd.DataFrame({
             "request_id": r.request_id, "arrival_time": a, "prompt_tokens": s, "output_tokens": o,

@@ -19,10 +19,10 @@ from kvstudy.paths import CONF_DIR
 
 #: keys that count something: a whole number (floats such as 1.5 are refused, 1e3 is 1000)
 WHOLE = {"seed", "workload.num_requests", "workload.max_total_tokens", "workload.length_seed", "engine.stall_limit",
-         "engine.max_iterations", "memory.block_size", "latency.max_batch_size"}
+         "engine.max_iterations", "memory.block_size", "latency.max_batch_size", "engine.max_batch"}
 #: lower bounds (inclusive)
 AT_LEAST = {"seed": 0, "workload.num_requests": 1, "workload.max_total_tokens": 2, "workload.length_seed": 0,
-            "engine.stall_limit": 1, "engine.max_iterations": 1}
+            "engine.stall_limit": 1, "engine.max_iterations": 1, "engine.max_batch": 1}
 #: groups chosen with + (not in the root defaults list)
 APPENDED = ("policy", "demand", "algo", "experiment")
 _SKIP_GROUPS = ("hydra", "experiment", "algo", "regime")
@@ -34,7 +34,9 @@ def _walk(node, prefix: str, out: Dict[str, Set[type]]) -> None:
             if key in ("defaults", "hydra") and not prefix:
                 continue
             _walk(value, f"{prefix}.{key}" if prefix else str(key), out)
-    elif not (isinstance(node, str) and node.startswith("${")):  # an interpolation says nothing about the type
+    elif isinstance(node, str) and node.startswith("${"):  # an interpolation: a key that exists, of no fixed type
+        out.setdefault(prefix, set())
+    else:
         out.setdefault(prefix, set()).add(type(node))
 
 

@@ -53,8 +53,8 @@ alpha-greedy / alpha-beta (threshold admission with resets)
 * The loop stops once the clock reaches ``time_limit``; the clock never moves past it, a batch that would
   end after it is cut to end at it (and is credited in full there), and no batch starts at it.
 
-Choices for what the scripts leave undefined (as instructed)
-------------------------------------------------------------
+Choices for what the scripts leave undefined (the same as kvstudy's, docs/authors_code.md)
+--------------------------------------------------------------------------------
 1. ``average_batch_processing_time`` is the ``avg_batch_time`` argument (default 0.05 s).
 2. ``time_limit`` is the argument (default infinity: run until no event is left and the machine is idle).
    The MC scripts have no time limit; for them a finite ``time_limit`` only truncates the script's run:

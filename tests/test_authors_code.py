@@ -103,8 +103,9 @@ def test_formula_by_hand():
     ms = (0.0027 * 2.4 + 0.52) * 5 + 44.6 + 0.378 * 40
     assert lat.iteration_seconds([(30, 0), (10, 0)], 3, 999, decode_generated_sum=12) == ms / 1000
     assert math.isclose(lat.iteration_seconds([], 1, 0, decode_generated_sum=1), 0.0451227)
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError):  # decodes without their produced tokens
         lat.iteration_seconds([], 1, 0)
+    assert lat.iteration_seconds([(100, 0)], 0, 0) == ((0.0027 * 0.0 + 0.52) * 1 + 44.6 + 0.378 * 100) / 1000
     with pytest.raises(ConfigError, match="latency.intercept_ms"):
         McsfAuthorsLatency(intercept_ms=float("nan"))
 
@@ -201,3 +202,24 @@ def test_batch_cap_is_refused_where_it_means_nothing():
     with pytest.raises(Exception, match="engine.max_batch=0"):
         api.simulate(api.compose(["+policy=mcsf", "+demand=high", "workload.num_requests=5", "engine.max_batch=0",
                                   "latency=unit"]))
+
+
+@pytest.mark.parametrize("override", ["engine.arrivals=authors_code", "policy.admission=authors_code",
+                                      "engine.overflow_cost=authors_code", "engine.overflow_cost=free",
+                                      "engine.max_batch=1e3"])
+def test_each_piece_of_the_regime_is_a_known_key_on_the_command_line(override):
+    # keys whose defaults are interpolations (${regime...}) are keys like any other for the command line's checks
+    from kvstudy.validate import check_overrides
+
+    check_overrides(["+policy=alpha_greedy", override])
+    cfg = api.compose(["+policy=alpha_greedy", "+demand=high", "workload.num_requests=30", "latency=unit",
+                       "engine.progress=false", override])
+    assert api.simulate(cfg)[1]["status"] == "completed"
+
+
+def test_the_regime_is_refused_on_paged_memory():
+    with pytest.raises(ConfigError, match="engine.arrivals=authors_code"):
+        api.simulate(api.compose(["+policy=vllm", "+demand=high", "workload.num_requests=5", "regime=authors"]))
+    cfg = api.compose(["+policy=vllm", "+demand=high", "workload.num_requests=5", "latency=mcsf_authors",
+                       "engine.progress=false"])
+    assert api.simulate(cfg)[1]["status"] == "completed"

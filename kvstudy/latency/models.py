@@ -72,9 +72,9 @@ class LinearLatency(LatencyModel):
 
 
 class McsfAuthorsLatency(LatencyModel):
-    """The MC-SF authors' batch time: ``t_ms = (a * c + b) * B + t0 + p * P`` (their scripts' coefficients by default:
-    a = 0.0027, b = 0.52, t0 = 44.6, p = 0.378), where B is the number of jobs in the batch (prompts, or prefill
-    chunks, plus decodes), P the prompt tokens processed, and c the mean over the B jobs of their "context": 0 for
+    """The MC-SF authors' batch time: ``t_ms = (a * c + b) * n + t0 + p * P`` (their scripts' coefficients by default:
+    a = 0.0027, b = 0.52, t0 = 44.6, p = 0.378), where n is the number of jobs in the batch (prompts, or prefill
+    chunks, plus decodes), P the prompt tokens processed, and c the mean over the n jobs of their "context": 0 for
     a prompt, and for a decode the tokens its request has produced so far (1 at the first decode after the prompt;
     the prompt's tokens are not counted). Evaluated with the scripts' order of floating-point operations, so that
     kvstudy's clock matches theirs to the last bit (docs/authors_code.md).
@@ -83,9 +83,9 @@ class McsfAuthorsLatency(LatencyModel):
     0.0027 ms per token of mean context) is several times Vidur's marginal decode cost. Against Vidur's Llama2-70B
     on two A100s (kvstudy's default): one decode 45.1 vs 57.5 ms, 50 decodes (100 tokens produced, 170 of context)
     84.1 vs 60.9 ms, 200 such decodes 202.6 vs 87.8 ms, a 500-token prompt 234.1 vs 186.3 ms. So the formula is
-    faster for a lone decode but 1.4-2.3x slower for the batches MC-SF forms under load; on Table 1's high-demand
-    requests a batch takes 91.9 ms on average against 69.1 ms (MC-SF, seed 0), which is what doubles the mean
-    latency (docs/authors_code.md).
+    faster for a lone decode and 1.4-2.3x slower for those two loaded batches; over a whole high-demand run of
+    Table 1 (MC-SF, seed 0) a batch takes 91.9 ms on average against 69.1 ms (1.33x), which the queue turns into
+    twice the mean latency (docs/authors_code.md).
     """
 
     name = "mcsf_authors"
@@ -105,10 +105,12 @@ class McsfAuthorsLatency(LatencyModel):
 
     def iteration_seconds(self, prefill_chunks, num_decodes, decode_context_sum, decode_generated_sum=None) -> float:
         if decode_generated_sum is None:
-            raise TypeError("McsfAuthorsLatency needs decode_generated_sum (the decodes' produced tokens)")
+            if num_decodes:
+                raise TypeError("McsfAuthorsLatency needs decode_generated_sum (the decodes' produced tokens)")
+            decode_generated_sum = 0  # a prefill-only batch: nothing produced to count
         jobs = len(prefill_chunks) + num_decodes
         prompt = sum(c for c, _ in prefill_chunks)
-        # the scripts' expression: mean context as int / int, then ((a * c + b) * B + t0 + p * P) / 1000
+        # the scripts' expression: mean context as int / int, then ((a * c + b) * n + t0 + p * P) / 1000
         mean_context = decode_generated_sum / jobs
         return ((self.a * mean_context + self.b) * jobs + self.t0 + self.p * prompt) / 1000
 

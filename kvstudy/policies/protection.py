@@ -11,7 +11,8 @@ KV use here is the running requests' memory in this round, sum(s + j + 1), as th
 
 ``admission=authors_code`` runs what the authors' scripts (``alpha-greedy.py``, ``alpha-beta.py``) run instead of
 Sec. 5.2's text: when the running requests' KV is at most (1 - alpha) M, *every* waiting prompt is admitted in
-arrival order, none checked (their undefined batch cap ``B`` taken as no cap); and a beta-clearing pass draws one
+arrival order, none checked (up to their batch cap ``B``, undefined in the files: no cap unless ``engine.max_batch``
+is set); and a beta-clearing pass draws one
 uniform per running request in ascending request id (the scripts draw from an unseeded ``random`` over a set).
 docs/authors_code.md.
 """

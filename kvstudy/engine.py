@@ -26,8 +26,9 @@ Conventions (the one place they are written down; MC-SF paper Sec. 2 and IP cons
   An overflow is recorded as an iteration with ``overflow`` true, ``cleared`` = requests evicted (possibly
   0 under beta-clearing) and its true ``kv_tokens_in_use`` (> capacity). ``authors_code`` charges what the MC-SF
   authors' scripts charge (``alpha-greedy.py``, ``alpha-beta.py``): nothing when the eviction brings the KV in use
-  within capacity, else one idle second before the policy is asked again, arrivals up to its end included. ``stall_limit`` consecutive clearing events without a completed request end the run
-  with status ``no_progress`` (the paper's "infinite processing loops" of a too-small alpha).
+  within capacity, else one idle second before the policy is asked again, arrivals up to its end included.
+  ``stall_limit`` consecutive clearing events without a completed request end the run with status
+  ``no_progress`` (the paper's "infinite processing loops" of a too-small alpha).
 * ``raise_prediction_on_eviction`` (default false, the paper's literal rule): when true, an evicted request's
   prediction rises to at least one more than the tokens it had produced (it was still running, so its length
   is larger), so eq. (5) no longer drops it at the same point after re-admission; S3 (Jin et al. 2023) applies

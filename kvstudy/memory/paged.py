@@ -34,7 +34,7 @@ class PagedMemory:
     modes = ("recompute", "swap")
 
     def __init__(self, capacity_tokens: int, block_size: int = 16, watermark: float = 0.01,
-                 swap_space_gb: float = 4.0, name: str = "paged") -> None:
+                 swap_space_gb: float = 4.0, decode_block_check: str = "boundary", name: str = "paged") -> None:
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0 \
                 or block_size & (block_size - 1):
             raise ConfigError(f"memory.block_size={block_size!r}: must be a positive power of two (vLLM: 8, 16, 32)")
@@ -45,6 +45,13 @@ class PagedMemory:
         if int(capacity_tokens) < block_size:
             raise ConfigError(f"memory.capacity_tokens={capacity_tokens}: less than one block of "
                               f"memory.block_size={block_size} tokens")
+        if decode_block_check not in ("boundary", "vllm"):
+            raise ConfigError(f"memory.decode_block_check={decode_block_check!r}: allowed boundary (a free block only "
+                              f"when a decode crosses a block boundary), vllm (a free block at every decode's turn)")
+        #: when a running request may decode (vLLM's and Vidur's policies read it): ``boundary``, only a request
+        #: crossing a block boundary needs a free block; ``vllm``, every decode needs one free block at its turn, as
+        #: vLLM 0.6's ``can_append_slots`` and Vidur's ``_can_allocate_request`` ask (it takes it only at a boundary)
+        self.decode_block_check = decode_block_check
         self.capacity_tokens = int(capacity_tokens)
         self.block_size = int(block_size)
         self.watermark = float(watermark)

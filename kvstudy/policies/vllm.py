@@ -36,6 +36,12 @@ from kvstudy.policies.step import RECOMPUTE, SWAP, Decision, StepPolicy, StepVie
 DECODE_ALL = Decision(decode_all=True)
 
 
+def _spare(view: StepView) -> int:
+    """Blocks that must stay free after every growing request took its own for the fast paths to be exact: one
+    under ``memory.decode_block_check=vllm`` (the last decode's turn still needs a free block), else none."""
+    return 1 if view.memory.decode_block_check == "vllm" else 0
+
+
 class _Plan:
     """A policy's running tally of one step: free blocks, batched tokens, running count."""
 
@@ -101,8 +107,9 @@ class VLLM(StepPolicy):
         the running requests still in prefill that were passed over (Sarathi continues them after).
 
         When the free blocks cover every request that needs one (``view.growing``), the walk would preempt
-        nobody: the decision is then ``decode_all`` without visiting each request."""
-        if len(view.growing) <= plan.free:
+        nobody: the decision is then ``decode_all`` without visiting each request (under
+        ``memory.decode_block_check=vllm`` one more block must stay free, so every turn sees one)."""
+        if len(view.growing) + _spare(view) <= plan.free:
             plan.free -= len(view.growing)
             decoding = len(view.running) - len(view.prefilling)
             plan.tokens += decoding
@@ -116,13 +123,16 @@ class VLLM(StepPolicy):
         """vLLM's ``_schedule_running`` over ``queue`` (the running list in this policy's order): front to back,
         preempting from the back when a request cannot get its block; every request not preempted decodes."""
         prefilling, growing, decoded = [], view.growing, 0
+        vllm_check = view.memory.decode_block_check == "vllm"
         while queue:
             i = queue.pop(0)
             if skip_prefilling and view.in_prefill(i):
                 prefilling.append(i)
                 continue
             need = view.decode_blocks_needed(i) if i in growing else 0  # only a growing request needs a block
-            while plan.free < need:
+            # vLLM's can_append_slots (and Vidur) ask for one free block at every decode's turn, taken only if needed
+            ask = max(need, 1) if vllm_check else need
+            while plan.free < ask:
                 if queue:
                     self._preempt(view, plan, queue.pop())
                 else:
@@ -185,7 +195,8 @@ class VLLM(StepPolicy):
             self._schedule_prefills(view, plan, budget, chunked=False)
             if plan.d.prefill:
                 return plan.d
-        if not view.swapped and view.running and not view.prefilling and len(view.growing) <= view.memory.free:
+        if (not view.swapped and view.running and not view.prefilling
+                and len(view.growing) + _spare(view) <= view.memory.free):
             return DECODE_ALL  # the common step: every running request decodes and nobody is preempted
         plan = _Plan(view)
         self._schedule_decodes(view, plan, skip_prefilling=False)
@@ -206,8 +217,8 @@ class Sarathi(VLLM):
         self.chunk_size = chunk_size
 
     def step(self, view: StepView) -> Decision:
-        if (view.running and not view.prefilling and not view.swapped and len(view.growing) <= view.memory.free
-                and not (view.waiting and self._head_fits(view))):
+        if (view.running and not view.prefilling and not view.swapped
+                and len(view.growing) + _spare(view) <= view.memory.free and not (view.waiting and self._head_fits(view))):
             return DECODE_ALL  # only decodes, nobody preempted, no prompt can start: the common step
         plan = _Plan(view)
         budget = self.chunk_size

@@ -535,7 +535,8 @@ class StepEngine:
         return result
 
     def _pooled_tbt(self) -> dict:
-        """Quantiles of every gap between consecutive tokens of every request, pooled (spec B8.11's tail TBT)."""
+        """Quantiles of every gap between consecutive tokens of every request, pooled (spec B8.11's tail TBT),
+        including the tokens a request produced before it was rejected after a preemption (they were streamed)."""
         values, weights = self.clock.pooled_gaps()
         values = np.concatenate([values, np.asarray(self.off_clock_gaps, dtype=float)])
         weights = np.concatenate([weights, np.ones(len(self.off_clock_gaps))])

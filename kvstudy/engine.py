@@ -253,6 +253,13 @@ class Engine:
         strict = self.arrivals == "authors_code"
         idled = False  # authors_code: the last step was an idle second, whose end arrivals join at (inclusive)
 
+        def join(i: int) -> None:
+            """Request i has arrived: it joins the waiting queue (and eq. (6)'s order, when kept)."""
+            state[i] = WAITING
+            waiting.append(i)
+            if by_pred is not None:
+                bisect.insort(by_pred, int(pred[i]) * n + i)
+
         def wake():
             """The clock an idle engine jumps to (None: nothing left to arrive). Under authors_code the request
             arriving then joins the queue at once, alone."""
@@ -263,10 +270,7 @@ class Engine:
                 nxt += 1
             if nxt >= n:
                 return None
-            state[nxt] = WAITING
-            waiting.append(nxt)
-            if by_pred is not None:
-                bisect.insort(by_pred, int(pred[nxt]) * n + nxt)
+            join(nxt)
             nxt += 1
             return arrival_clock(nxt - 1)
 
@@ -277,10 +281,7 @@ class Engine:
             while True:
                 while nxt < n and (a[nxt] < t if strict and not idled else a[nxt] <= t):
                     if state[nxt] == FUTURE:
-                        state[nxt] = WAITING
-                        waiting.append(nxt)
-                        if by_pred is not None:
-                            bisect.insort(by_pred, int(pred[nxt]) * n + nxt)
+                        join(nxt)
                     nxt += 1
                 idled = False
                 if not waiting and not running:
@@ -301,13 +302,13 @@ class Engine:
                     if self.overflow_cost == "batch":
                         extra = {"decode_generated_sum": kv - s_run} if needs_generated else {}
                         dt = float(iteration_seconds([], len(run_arr), kv - len(run_arr), **extra))
+                    kept = kv - int((s[victims] + rnd - p_round[victims]).sum())
+                    if self.overflow_cost == "authors_code" and kept > M:
+                        dt = 1.0  # the scripts idle one second before clearing again,
+                        idled = True  # taking the arrivals up to and including its end
                     log.append((t, dt, len(run_arr), 0, 0, kv, True, len(victims)))
-                    kv -= int((s[victims] + rnd - p_round[victims]).sum())
+                    kv = kept
                     s_run -= int(s[victims].sum())
-                    if self.overflow_cost == "authors_code" and kv > M:
-                        dt = 1.0  # the scripts idle one second before clearing again
-                        log[-1] = (t, dt) + log[-1][2:]
-                        idled = True  # ... taking the arrivals up to and including its end
                     for i in victims.tolist():
                         del running[i]
                     state[victims] = WAITING

@@ -43,19 +43,19 @@ class FutureMemory:
             suffix_w = np.concatenate((np.cumsum(w_sorted[::-1])[::-1], [0]))
             first = np.searchsorted(d_sorted, pts, side="left")
             count = len(d_sorted) - first
-            self.mem = suffix_w[first] + (pts if steps is None else steps(pts)) * count
+            # what a request still running at each point has gained by then (kept beside pts, not recomputed per try)
+            gained = pts if steps is None else steps(pts)
+            mem = suffix_w[first] + gained * count
         else:
-            pts = np.empty(0, dtype=np.int64)
-            self.mem = np.empty(0, dtype=np.int64)
-        self.pts = pts
+            pts = gained = mem = np.empty(0, dtype=np.int64)
+        self.pts, self.gained, self.mem = pts, gained, mem
 
     def fits(self) -> bool:
         return bool(len(self.mem) == 0 or self.mem.max() <= self.capacity)
 
     def try_add(self, w: int, d: int) -> bool:
         """Add a request starting now with prompt w and predicted output d if eq. (5) still holds."""
-        gained = self.pts if self.steps is None else self.steps(self.pts)
-        at_pts = self.mem + np.where(self.pts <= d, w + gained, 0)
+        at_pts = self.mem + np.where(self.pts <= d, w + self.gained, 0)
         if len(at_pts) and at_pts.max() > self.capacity:
             return False
         idx = np.searchsorted(self.pts, d)
@@ -69,6 +69,7 @@ class FutureMemory:
                 return False
             self.mem = np.insert(at_pts, idx, at_d)
             self.pts = np.insert(self.pts, idx, d)
+            self.gained = self.pts if self.steps is None else np.insert(self.gained, idx, g)
         self.w = np.append(self.w, w)
         self.d = np.append(self.d, d)
         return True

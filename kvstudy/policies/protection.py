@@ -48,10 +48,8 @@ class AlphaProtection(Policy):
     def schedule(self, view: SchedulerView) -> np.ndarray:
         """Same decision as ``admit(view, order(view))`` (a test pins this), computed the fast way: under
         FCFS only the head of the queue matters, so it is read in growing prefixes, not whole."""
-        if self.admission == "authors_code":  # the scripts: all of the queue when the running KV is within (1 - a) M
-            if view.num_waiting == 0 or view.running_kv_tokens > view.capacity * (1 - self.alpha):
-                return np.empty(0, dtype=np.int64)
-            return np.arange(view.num_waiting)
+        if self.admission == "authors_code":
+            return np.arange(view.num_waiting if self._authors_open(view) else 0)
         budget = (1.0 - self.alpha) * view.capacity - view.running_kv_tokens
         k, total = 8, view.num_waiting
         if total == 0 or view.head_prompts(1)[0] + 1 > budget:  # the common case under load: nothing fits
@@ -65,10 +63,15 @@ class AlphaProtection(Policy):
 
     def admit(self, view: SchedulerView, order: np.ndarray) -> np.ndarray:
         if self.admission == "authors_code":
-            return order if view.running_kv_tokens <= view.capacity * (1 - self.alpha) else order[:0]
+            return order if self._authors_open(view) else order[:0]
         budget = (1.0 - self.alpha) * view.capacity - view.running_kv_tokens
         need = np.cumsum(view.waiting_prompt[order] + 1)
         return order[: int(np.searchsorted(need, budget, side="right"))]
+
+    def _authors_open(self, view: SchedulerView) -> bool:
+        """The scripts' admission test: the whole queue may start when the running KV is within (1 - alpha) M
+        (their expression, M * (1 - alpha), for the same float)."""
+        return view.running_kv_tokens <= view.capacity * (1 - self.alpha)
 
     def on_overflow(self, view: SchedulerView) -> np.ndarray:
         if self.beta is None:

@@ -122,8 +122,7 @@ class VLLM(StepPolicy):
     def _walk(self, view: StepView, plan: _Plan, queue: List[int], skip_prefilling: bool) -> List[int]:
         """vLLM's ``_schedule_running`` over ``queue`` (the running list in this policy's order): front to back,
         preempting from the back when a request cannot get its block; every request not preempted decodes."""
-        prefilling, growing, decoded = [], view.growing, 0
-        vllm_check = view.memory.decode_block_check == "vllm"
+        prefilling, growing, decoded, spare = [], view.growing, 0, _spare(view)
         while queue:
             i = queue.pop(0)
             if skip_prefilling and view.in_prefill(i):
@@ -131,8 +130,7 @@ class VLLM(StepPolicy):
                 continue
             need = view.decode_blocks_needed(i) if i in growing else 0  # only a growing request needs a block
             # vLLM's can_append_slots (and Vidur) ask for one free block at every decode's turn, taken only if needed
-            ask = max(need, 1) if vllm_check else need
-            while plan.free < ask:
+            while plan.free < max(need, spare):
                 if queue:
                     self._preempt(view, plan, queue.pop())
                 else:
@@ -218,7 +216,8 @@ class Sarathi(VLLM):
 
     def step(self, view: StepView) -> Decision:
         if (view.running and not view.prefilling and not view.swapped
-                and len(view.growing) + _spare(view) <= view.memory.free and not (view.waiting and self._head_fits(view))):
+                and len(view.growing) + _spare(view) <= view.memory.free
+                and not (view.waiting and self._head_fits(view))):
             return DECODE_ALL  # only decodes, nobody preempted, no prompt can start: the common step
         plan = _Plan(view)
         budget = self.chunk_size

@@ -1,6 +1,7 @@
 """kvstudy vs Vidur's own simulator on the same requests, model, hardware, profiles and trained predictor.
 
-    python bench/vs_vidur.py agree [N]   # agreement table: vllm and sarathi vs Vidur's (Splitwise conv, N=10,000)
+    python bench/vs_vidur.py agree [N]   # agreement tables: vllm and sarathi vs Vidur's, N=10,000 requests of
+                                         # Splitwise conv (overload) and LMSYS-like at 10 req/s (moderate load)
     python bench/vs_vidur.py speed [WORKLOAD:N ...]   # speed: kvstudy vllm vs Vidur's vllm (default 1k-100k)
     python bench/vs_vidur.py --one ENGINE WORKLOAD N SCHEDULER MODE   (internal: one run in a fresh process)
 
@@ -9,10 +10,15 @@ vLLM token budget 4,096, Sarathi chunk 512, recompute preemption. kvstudy runs `
 policy ``vllm`` or ``sarathi`` in three settings:
 
 * ``vllm_semantics``: vLLM V0 as kvstudy implements it (running list in admission order, max_num_seqs 256,
-  the predictor keyed on each request's cached context);
+  the predictor keyed on each request's cached context, a free block at every decode's turn:
+  ``memory.decode_block_check=vllm``, the default);
+* ``boundary``: the same with ``memory.decode_block_check=boundary`` (a free block only at a block boundary,
+  kvstudy's default before issue 33);
 * ``aligned``: the named differences set to Vidur's: running list sorted by arrival before each step
   (Vidur's replica schedulers sort their preempted list), at most 128 requests holding KV (Vidur's
-  batch_size_cap), and the predictor keyed as Vidur's simulator keys it (``VidurKeys``);
+  batch_size_cap), and the predictor keyed as Vidur's simulator keys it (``VidurKeys``). (Vidur 0.0.26's
+  vLLM scheduler sums a batch's query tokens against ``max_tokens_in_batch``, as vLLM does; older Vidur code
+  counted batch size x the longest request, which 0.0.26 no longer does, so there is nothing to align there.)
 * ``swap``: vLLM semantics with swap preemption (Vidur has no swap; no Vidur row to compare).
 
 Each measurement runs in its own process; peak memory is the process's resident-set high-water mark.
@@ -60,7 +66,8 @@ def requests(workload: str, n: int):
         df = pd.read_csv(SHARED_REFERENCE / "vidur-data/traces/splitwise_conv.csv")
         df = df[df.num_prefill_tokens + df.num_decode_tokens <= 4096].iloc[:n]
         return df.arrived_at.to_numpy() - df.arrived_at.min(), df.num_prefill_tokens.to_numpy(), df.num_decode_tokens.to_numpy()
-    rng = np.random.default_rng(0)
+    # "lmsys" is seed 0; "lmsys:K" draws the lengths and arrivals with seed K (the spread between seeds)
+    rng = np.random.default_rng(int(workload.split(":")[1]) if ":" in workload else 0)
     lengths = lmsys(n, rng, max_model_len=4096)
     return poisson(n, 10.0, rng), lengths.prompt_tokens.to_numpy(), lengths.output_tokens.to_numpy()
 
@@ -95,6 +102,8 @@ def one(engine: str, workload: str, n: int, scheduler: str, mode: str) -> dict:
         overrides += ["policy.running_order=arrival", f"policy.max_num_seqs={VIDUR_CAP}"]
     if mode == "swap":
         overrides.append("policy.preemption_mode=swap")
+    if mode == "boundary":
+        overrides.append("memory.decode_block_check=boundary")
     cfg = api.compose(overrides)
     arch, hw, capacity, latency = api.model_setup(cfg)
     if engine == "kvstudy":
@@ -148,29 +157,35 @@ def _pct(a, b):
     return f"{100 * (a - b) / b:+.1f}%" if b else "n/a"
 
 
-def agree(n: int) -> None:
-    rows = []
-    for scheduler in ("vllm", "sarathi"):
-        vidur = measure("vidur", "splitwise_conv", n, scheduler, "vidur")
-        print(json.dumps(vidur), flush=True)
-        for mode in ("vllm_semantics", "aligned", "swap"):
-            k = measure("kvstudy", "splitwise_conv", n, scheduler, mode)
-            print(json.dumps(k), flush=True)
-            rows.append((scheduler, mode, k, vidur))
-    print(f"\nSplitwise conversation trace, first {n} requests (prompt + output <= 4,096); Llama2-70B, a100_tp2, "
-          f"{CAPACITY} tokens in blocks of {BLOCK}\n")
-    print("| scheduler | kvstudy setting | makespan s (Vidur) | median e2e s (Vidur) | p99 e2e s (Vidur) | "
-          "median TTFT s (Vidur) | p99 TTFT s (Vidur) | preemptions (Vidur) | run s (Vidur) |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for scheduler, mode, k, v in rows:
-        if not k.get("run_seconds") or not v.get("run_seconds"):
-            print(f"| {scheduler} | {mode} | failed: {k.get('note') or v.get('note')} |")
-            continue
-        cells = [f"{k[m]:.2f} ({v[m]:.2f}; {_pct(k[m], v[m])})" for m in
-                 ("makespan", "median_e2e", "p99_e2e", "median_ttft", "p99_ttft")]
-        print(f"| {scheduler} | {mode} | " + " | ".join(cells) +
-              f" | {k['preemptions']} ({v['preemptions']}) | {k['run_seconds']:.2f} ({v['run_seconds']:.2f}; "
-              f"{v['run_seconds'] / k['run_seconds']:.1f}x) |")
+WORKLOADS = {"splitwise_conv": "Splitwise conversation trace, first {n} requests (prompt + output <= 4,096), at "
+                                "its own arrival times (deep overload: makespan is throughput)",
+             "lmsys": "LMSYS-like lengths, {n} requests, Poisson at 10 req/s (moderate load)"}
+
+
+def agree(n: int, workloads=("splitwise_conv", "lmsys")) -> None:
+    for workload in workloads:
+        rows = []
+        for scheduler in ("vllm", "sarathi"):
+            vidur = measure("vidur", workload, n, scheduler, "vidur")
+            print(json.dumps(vidur), flush=True)
+            for mode in ("vllm_semantics", "boundary", "aligned", "swap"):
+                k = measure("kvstudy", workload, n, scheduler, mode)
+                print(json.dumps(k), flush=True)
+                rows.append((scheduler, mode, k, vidur))
+        print(f"\n{WORKLOADS[workload].format(n=n)}; Llama2-70B, a100_tp2, {CAPACITY} tokens in blocks of {BLOCK}\n")
+        print("| scheduler | kvstudy setting | makespan s (Vidur) | median e2e s (Vidur) | p99 e2e s (Vidur) | "
+              "median TTFT s (Vidur) | p99 TTFT s (Vidur) | preemptions (Vidur) | run s (Vidur) |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for scheduler, mode, k, v in rows:
+            if not k.get("run_seconds") or not v.get("run_seconds"):
+                print(f"| {scheduler} | {mode} | failed: {k.get('note') or v.get('note')} |")
+                continue
+            cells = [f"{k[m]:.2f} ({v[m]:.2f}; {_pct(k[m], v[m])})" for m in
+                     ("makespan", "median_e2e", "p99_e2e", "median_ttft", "p99_ttft")]
+            print(f"| {scheduler} | {mode} | " + " | ".join(cells) +
+                  f" | {k['preemptions']} ({v['preemptions']}; {_pct(k['preemptions'], v['preemptions'])}) | "
+                  f"{k['run_seconds']:.2f} ({v['run_seconds']:.2f}; {v['run_seconds'] / k['run_seconds']:.1f}x) |",
+                  flush=True)
 
 
 def speed(plan=None) -> None:
@@ -200,4 +215,4 @@ if __name__ == "__main__":
         sizes = [(w, int(k)) for w, k in (a.split(":") for a in sys.argv[2:])]  # e.g. splitwise_conv:10000
         speed(sizes or None)
     else:
-        agree(int(sys.argv[2]) if len(sys.argv) > 2 else 10000)
+        agree(int(sys.argv[2]) if len(sys.argv) > 2 else 10000, tuple(sys.argv[3:]) or ("splitwise_conv", "lmsys"))

@@ -3,7 +3,7 @@
 vLLM 0.6's block manager lets a running request decode only if a GPU block is free at its turn
 (``can_append_slots`` counts its current block as touched even when the new token fits in it), and Vidur's vLLM
 replica scheduler asks the same ("vllm requires at least one block to be available"); ``vllm`` is that rule.
-``boundary`` (kvstudy's default until the studies are re-run with the other) asks for a free block only when a
+``vllm`` is the default (issue 33); ``boundary`` (kvstudy's default before it) asks for a free block only when a
 decode crosses a block boundary.
 """
 import numpy as np
@@ -60,4 +60,5 @@ def test_the_setting_is_checked_and_composes():
         PagedMemory(64, block_size=4, decode_block_check="always")
     cfg = api.compose(["+policy=vllm", "memory.decode_block_check=vllm"])
     assert cfg.memory.decode_block_check == "vllm"
-    assert api.compose(["+policy=vllm"]).memory.decode_block_check == "boundary"
+    assert api.compose(["+policy=vllm"]).memory.decode_block_check == "vllm"
+    assert PagedMemory(64, block_size=4).decode_block_check == "vllm"

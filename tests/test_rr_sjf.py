@@ -150,3 +150,17 @@ def test_policies_run_the_arena_burst(policy, mode):
     assert summary["status"] == "completed" and summary["completed"] == 200
     if policy in ("rr", "rr_sjf"):
         assert summary["preemptions"] > 0
+
+
+@pytest.mark.parametrize("rule", ["boundary", "vllm"])
+def test_sjf_victim_when_nothing_waits(rule):
+    # Issue 33, item 8. Two requests at t=0, prompt 2, output 2, predicted 2 (A) and 1 (B); 3 blocks of 2 tokens;
+    # unit time. t=0: both prefill (a block each, first token). t=1: nothing waits, so no admission; vLLM's
+    # priority routine sorts running to [B, A]; both decodes cross a block boundary and one block is free: B takes
+    # it, A (the tail, the longest prediction) is preempted. B is done at 2; A recomputes (3 tokens, 2 blocks) at 2
+    # and is done at 3. Sorting only while something waits preempted B instead.
+    req = make_instance([2, 2], [2, 2])
+    res = step_engine(req, SJF(), predicted=np.array([2, 1]), capacity=6, block_size=2,
+                      decode_block_check=rule).run()
+    assert res.requests.completion_time.tolist() == [3.0, 2.0]
+    assert res.requests.preemptions.tolist() == [1, 0]

@@ -34,7 +34,7 @@ class PagedMemory:
     modes = ("recompute", "swap")
 
     def __init__(self, capacity_tokens: int, block_size: int = 16, watermark: float = 0.01,
-                 swap_space_gb: float = 4.0, decode_block_check: str = "boundary", name: str = "paged") -> None:
+                 swap_space_gb: float = 4.0, decode_block_check: str = "vllm", name: str = "paged") -> None:
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0 \
                 or block_size & (block_size - 1):
             raise ConfigError(f"memory.block_size={block_size!r}: must be a positive power of two (vLLM: 8, 16, 32)")

@@ -13,9 +13,11 @@ All four are vLLM V0's ``_schedule_default`` without chunked prefill (a step run
      the *back* of waiting; h goes back to the front: it starts in a later step's admission.
    * ``rr`` (``_schedule_round_robin``, A2.3): the same with both queues left in their order (the victim is
      the latest admitted eligible request; the client sends no priority).
-   * ``sjf`` (vLLM's ``priority`` policy, ``_schedule_priority_preemption``): while the last running request
-     (largest (prediction, arrival)) has a larger key than h and h does not fit, preempt it (no minimum-steps
-     protection) and put it at the front of waiting; then waiting is sorted by (prediction, arrival).
+   * ``sjf`` (vLLM's ``priority`` policy, ``_schedule_priority_preemption``): sort running by (prediction,
+     arrival), whether or not anything waits; while the last running request (the largest key) has a larger key
+     than h and h does not fit, preempt it (no minimum-steps protection) and put it at the front of waiting;
+     then waiting is sorted by (prediction, arrival). Because running stays sorted, the decode walk's victim
+     (step 3) is the longest predicted request.
 3. Decode every running request in running order; when one cannot get a block, preempt the tail (victims to
    the front of waiting), as vLLM.
 
@@ -222,11 +224,12 @@ class SJF(QueuedVLLM):
     name = "sjf"
 
     def routine(self, view: StepView, plan: _Plan, budget: int) -> None:
+        # vLLM sorts the running list by priority in every step without admissions, before it looks at the
+        # waiting queue: so the decode walk's victim is the lowest-priority request even when nothing waits
+        key = lambda i: self.key(view, i)  # noqa: E731
+        self.run = sorted(self.run, key=key)
         if not self.order:
             return
-        key = lambda i: self.key(view, i)  # noqa: E731
-        R = sorted(self.run, key=key)
-        self.run = R
         W = list(self.order)
         h = W.pop(0)
         while self.run and key(self.run[-1]) > key(h) and not self.fits(view, plan, h, budget):

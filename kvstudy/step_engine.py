@@ -512,6 +512,7 @@ class StepEngine:
                     bar.update(len(finished))  # tqdm redraws at most every mininterval
                 no_token = 0 if produced else no_token + 1
                 t = end
+                view.last_iteration_seconds = dt
                 step += 1
                 if no_token >= self.stall_limit:
                     status = "no_progress"

@@ -73,8 +73,55 @@ def test_allocation_cuts_then_a_critical_arrival_preempts_the_loosest_tbt():
     d2 = tape.at(2.0)[3]
     assert d2.preempt == [(0, "recompute")] and d2.prefill == [(2, 8)] and d2.reserve == {2: 12}
     assert res.status == "completed" and (res.requests.state == "done").all()
-    # later A (recomputing, TBT slack 1.0 - 1 = 0 s: critical) preempts B in turn, and so on: SLO-driven churn
-    assert tape.inner.causes["critical_waiting"] >= 1 and set(tape.inner.causes) == {"critical_waiting"}
+
+
+def test_critical_waiting_requests_are_new_ones_racing_their_ttft():
+    # Issue 33, item 1, on the schedule above. C runs from t = 2 (prefill, first token at 3) and is done at 6. A waits
+    # to recompute with a token already out: its TBT slack (1.0 s - time since its last token) is below T_max + eps
+    # from t = 3 on. Sec. 3.3's N_w holds only waiting requests racing their TTFT SLO, so A is not critical and waits
+    # for KV (first_token): it restarts at 6 with 10 tokens, cut to 16; at 9 B (TBT SLO 0.1 s) runs out of its
+    # allocation, is critical, and preempts A (loosest TBT SLO) again; A finishes at 35, B at 20, C at 6.
+    tape, res = run(quiet(), two_and_a_late_one(), [10.0, 10.0, 0.5], [1.0, 0.1, 1.0])
+    assert tape.inner.causes == {"critical_waiting": 1, "returned": 1}
+    assert tape.at(6.0)[3].prefill == [(0, 10)] and tape.at(9.0)[3].preempt == [(0, "recompute")]
+    assert res.requests.completion_time.tolist() == [35.0, 20.0, 6.0]
+    assert res.requests.preemptions.tolist() == [2, 0, 0]
+    # kvstudy's reading before issue 33 (critical_waiting=any): A is critical at 3 and preempts C, C preempts A at 4,
+    # and so on, one preemption per iteration until C finishes at 9
+    tape, res = run(quiet(critical_waiting="any"), two_and_a_late_one(), [10.0, 10.0, 0.5], [1.0, 0.1, 1.0])
+    assert tape.inner.causes == {"critical_waiting": 7}
+    assert [e[0] for e in tape.log if e[3].preempt] == [2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]
+    assert res.requests.completion_time.tolist() == [35.0, 20.0, 9.0]
+    assert res.requests.preemptions.tolist() == [4, 0, 3]
+
+
+def test_a_cut_request_uses_the_kv_a_running_request_releases_in_time():
+    # Issue 33, item 3 (step 10's link). 8 blocks of 4. A (prompt 4, output 4: M = 8, 2 blocks) runs from t = 0 and
+    # finishes at 4. B (prompt 8, output 20: M = 28) arrives at 1: the pool is 6 blocks, so its allocation is cut to
+    # 24 tokens, 4 short. B exhausts its 24 after 24 - 8 = 16 tokens; A releases its 2 blocks (>= the 1 block
+    # missing) after 4 - 1 = 3 more: B is linked to A. At 4 A is done and B takes the block first (reserve 28), so C
+    # (prompt 4, output 4, arriving at 4, TTFT SLO 30 s) finds 1 block, not the 2 it needs, and waits for B (done at
+    # 21). Without the link (link=false) C takes A's blocks at 4 and B draws from free KV when it runs out.
+    req = make_instance([4, 8, 4], [4, 20, 4], np.array([0.0, 1.0, 4.0]))
+    tape, res = run(quiet(), req, [10.0, 10.0, 30.0], [100.0, 100.0, 100.0])
+    assert tape.at(1.0)[3].reserve == {1: 24}
+    d4 = tape.at(4.0)[3]
+    assert d4.reserve == {1: 28} and not d4.prefill and not tape.inner._links
+    assert res.requests.first_token_time.tolist() == [1.0, 2.0, 22.0]
+    assert res.requests.completion_time.tolist() == [4.0, 21.0, 25.0]
+    tape, res = run(quiet(link=False), req, [10.0, 10.0, 30.0], [100.0, 100.0, 100.0])
+    assert tape.at(4.0)[3].prefill == [(2, 4)] and tape.at(4.0)[3].reserve == {2: 8}
+    assert res.requests.completion_time.tolist() == [4.0, 21.0, 8.0]
+
+
+def test_t_max_counts_iterations_not_idle_time():
+    # Issue 33, item 4: A (prompt 4, output 2) runs 0-2; the engine idles until B arrives at 10. T_I^max stays 1 s
+    # (the test engine's iteration), not the 8 s of idle time; so B, with a TTFT SLO of 5 s, is not critical on
+    # arrival (with the idle gap counted it would be: 5 < 8)
+    req = make_instance([4, 4], [2, 2], np.array([0.0, 10.0]))
+    tape, res = run(quiet(), req, [5.0, 5.0], [100.0, 100.0])
+    assert tape.inner._t_max == 1.0
+    assert res.requests.completion_time.tolist() == [2.0, 12.0]
 
 
 def test_fcfs_preemption_takes_the_latest_admitted_instead():

@@ -9,7 +9,13 @@
 * **SLOs** (B8.12): the reference TTFT and TBT are the means over ``policy.slo.reference`` (vLLM, RLP, S3 and
   Sarathi by default: the compared systems without CacheOPT, which B8.12 drops to break the circle) of each system's
   mean TTFT and mean time between tokens, each run in this process on the very same requests (memoised per process,
-  so a sweep's ablations of one setting pay once). ``policy.slo.ttft_ref`` / ``tbt_ref`` (seconds) skip those runs.
+  so a sweep's ablations of one setting pay once), each in its block size of ``systems.block_size`` if the
+  experiment names one (conf/experiment/cacheopt_main.yaml). ``policy.slo.ttft_ref`` / ``tbt_ref`` (seconds) replace the
+  measured reference (both set: the reference runs are skipped).
+  ``policy.slo.calibration``: ``literal`` (the above, Sec. 5 as printed) or ``sec34``: the TBT reference is
+  :data:`SEC34_TBT_REF` instead, so that the SLOs Sec. 3.4 sorts into 0.05-0.2, 0.2-0.5 and 0.5-2 s buckets are what
+  the draws give (issue 33: with the literal reference SLO_tbt is 0.027-0.136 s here, below T_I^max, and every
+  returned request is critical); the TTFT reference stays measured.
   Scales U[low, high] per request (or a fixed ``policy.slo.scale``, Fig. 17a), seed = the run's seed
   (kvstudy/slo.py draw_slos); the TTFT SLO is multiplied by the prompt's chunks of ``policy.token_budget``.
 * **Costs** (B2.7): the swap/recompute regressors of kvstudy/preemption_cost.py for this model, hardware, swap
@@ -32,6 +38,11 @@ from kvstudy.slo import draw_slos, reference
 _REFERENCES: Dict[str, Tuple[float, float]] = {}
 _COSTS: Dict[tuple, object] = {}
 DEFAULT_REFERENCE = ("vllm", "rlp", "s3", "sarathi")
+#: ``calibration: sec34``'s TBT reference, seconds: every draw ref x U[0.5, 2.5] lies within Sec. 3.4's TBT SLO range
+#: 0.05-2 s exactly when 0.1 <= ref <= 0.8; sqrt(0.1 x 0.8) is the geometric centre of that interval, and its draws
+#: (0.14-0.71 s) reach all three of Sec. 3.4's buckets [D]
+SEC34_TBT_REF = 0.2828
+CALIBRATIONS = ("literal", "sec34")
 
 
 def _directions(seed: int, true, predicted, accuracy: float) -> np.ndarray:
@@ -74,8 +85,18 @@ def slo_reference(cfg, policy) -> Tuple[float, float]:
     from kvstudy import api
 
     slo = policy.slo
-    if slo.get("ttft_ref") is not None and slo.get("tbt_ref") is not None:
-        return float(slo["ttft_ref"]), float(slo["tbt_ref"])
+    calibration = slo.get("calibration", "literal")
+    if calibration not in CALIBRATIONS:
+        raise ConfigError(f"policy.slo.calibration={calibration!r}: allowed literal (Sec. 5: the compared systems' "
+                          f"mean TBT), sec34 (a TBT reference of {SEC34_TBT_REF} s, Sec. 3.4's SLO range)")
+    tbt_fixed = slo.get("tbt_ref")
+    if calibration == "sec34":
+        if tbt_fixed is not None:
+            raise ConfigError(f"policy.slo.calibration=sec34 sets the TBT reference ({SEC34_TBT_REF} s); "
+                              f"policy.slo.tbt_ref={tbt_fixed} contradicts it: set one of the two")
+        tbt_fixed = SEC34_TBT_REF
+    if slo.get("ttft_ref") is not None and tbt_fixed is not None:
+        return float(slo["ttft_ref"]), float(tbt_fixed)
     names = list(slo.get("reference") or DEFAULT_REFERENCE)
     if "cacheopt" in names or any(n.startswith("cacheopt") for n in names):
         raise ConfigError(f"policy.slo.reference={names}: CacheOPT cannot be its own SLO reference (spec B8.12)")
@@ -85,13 +106,19 @@ def slo_reference(cfg, policy) -> Tuple[float, float]:
     key = OmegaConf.to_yaml(OmegaConf.create(base)) + "|" + ",".join(names)
     if key not in _REFERENCES:
         runs = []
+        blocks = (base.get("systems") or {}).get("block_size") or {}
         for name in names:
             node = _policy_node(name)
-            ref_cfg = OmegaConf.create({**base, "policy": OmegaConf.to_container(node, resolve=True)})
+            ref = {**base, "policy": OmegaConf.to_container(node, resolve=True)}
+            if name in blocks:  # the reference system pages in its own block size, as in the comparison
+                ref["memory"] = {**ref["memory"], "block_size": int(blocks[name])}
+            ref_cfg = OmegaConf.create(ref)
             result, _ = api.simulate(ref_cfg)
             runs.append(result.requests)
         _REFERENCES[key] = reference(runs)
-    return _REFERENCES[key]
+    ttft, tbt = _REFERENCES[key]
+    return (ttft if slo.get("ttft_ref") is None else float(slo["ttft_ref"]),
+            tbt if tbt_fixed is None else float(tbt_fixed))
 
 
 def cost_model(cfg, arch, hw, latency, capacity: int):
@@ -119,7 +146,8 @@ def prepare(cfg, policy, requests, predicted, arch, hw, latency, capacity: int) 
     slo_tft, slo_tbt = draw_slos(requests.prompt_tokens, ttft_ref, tbt_ref, policy.token_budget, seed, low, high)
     cost = cost_model(cfg, arch, hw, latency, capacity) if policy.strategy == "select" else None
     policy.prepare(slo_tft, slo_tbt, ranges, cost)
-    info = {"slo_reference": {"ttft": ttft_ref, "tbt": tbt_ref, "low": low, "high": high},
+    info = {"slo_reference": {"ttft": ttft_ref, "tbt": tbt_ref, "low": low, "high": high,
+                              "calibration": slo.get("calibration", "literal")},
             "sweet_spot": None if cost is None else cost.sweet_spot,
             "direction_accuracy_measured": float(np.mean(under == (requests.output_tokens > predicted)))}
     return {"direction": under, "slo_ttft": slo_tft, "slo_tbt": slo_tbt, "info": info}

@@ -7,12 +7,16 @@ One round per iteration (B9, assembling Sec. 3.3-3.5):
    rate measured over ``rate_window`` seconds. ``padding=fixed`` is the /CKA ablation (s_o = 1.1 X^).
    M_i = s_p + s_o, at most the context.
 2. **Slack** (Table 2, step 1): RT = SLO_tft - (now - arrival) for a request that has not produced a token, else
-   SLO_tbt - (now - its last token). T_I^max is the longest iteration so far. A request is *critical* when it "must
-   run next to meet" its SLO. For a running request that used up its allocation that is RT - T_I^max < epsilon, as
-   printed. For a waiting one it is 0 <= RT < T_I^max + epsilon: a waiting request whose SLO is already missed
-   (RT < 0) cannot be saved by running next, so it is not critical [D] (it still leads the RT order). Without this
-   reading a preempted request, whose TBT slack is a few tens of ms, is critical at once and preempts another in
-   turn, and an overloaded run thrashes (measured: 51,197 preemptions for 1,000 ShareGPT requests).
+   SLO_tbt - (now - its last token). T_I^max is the longest iteration so far (the engine's iteration times:
+   idle time before an arrival is not an iteration). A request is *critical* when it "must run next to meet" its
+   SLO. For a running request that used up its allocation (N_r) that is RT_tbt - T_I^max < epsilon, as printed.
+   The critical waiting requests N_w are, as Sec. 3.3 defines them, *new* requests racing their TTFT SLO:
+   "the waiting requests that have (RT_tft - T_I^max) < epsilon"; preempted requests in the queue are ordered by
+   RT_tbt but are not in N_w (``critical_waiting: first_token``). ``critical_waiting: any`` is kvstudy's reading
+   before issue 33 (every waiting or swapped request by its slack; ``+policy=cacheopt_critical_any``): under load
+   a preempted request is then critical at once and preempts another in turn. Either way a waiting request whose
+   SLO is already missed (RT < 0) cannot be saved by running next, so it is not critical [D] (it still leads the
+   RT order): 0 <= RT < T_I^max + epsilon.
 3. **Critical requests** (steps 3-7), served first: a running request that has used up its allocation
    ("returned") gets one block, from the pool, else the global reserve, else by preemption; a waiting one is
    embedded into a running host's unused allocation if one fits (Sec. 3.3.1, best fit, buffer b), else it gets
@@ -20,8 +24,10 @@ One round per iteration (B9, assembling Sec. 3.3-3.5):
 4. **Non-critical requests** (steps 8-10): returned requests that did not get a block, running requests predicted
    to exhaust their allocation within ``m`` iterations (proactive allocation, Sec. 3.3.3), and waiting requests in
    RT order while the token budget lasts (embedded first). The pool (free blocks minus the reserve) is shared by
-   kvstudy/cacheopt/allocation.py (Sum M = A', < A', > A'). A returned request left without a block stalls
-   this iteration, keeping its KV (spec B8.15).
+   kvstudy/cacheopt/allocation.py (Sum M = A', < A', > A'). A request whose allocation was cut is *linked* to a
+   running request r_j that releases at least the shortfall before r_i exhausts its allocation (step 10,
+   :meth:`CacheOPT._link`); when r_j leaves the GPU, r_i takes those blocks first in the next step (``link``).
+   A returned request left without a block stalls this iteration, keeping its KV (spec B8.15).
 5. **Preemption** (Sec. 3.4, ``preemption``): victims in the bucketed order of kvstudy/cacheopt/preemption.py
    (loosest TBT SLO, most remaining work, least KV) or FCFS (the latest admitted first, /PP). A host whose growth
    reaches its guest's region and finds no free block preempts the guest (the conflict rule).
@@ -36,10 +42,9 @@ One round per iteration (B9, assembling Sec. 3.3-3.5):
 *waiting* one (it then waits for free KV like the others); it isolates the churn that step causes under overload.
 
 ``selection=fcfs`` with ``padding=rlp`` is the /RSA ablation (FCFS selection, RLP's prediction + 100 allocation).
-``proactive=false`` is /PA, ``reserve_blocks=0`` /GR. Not modelled: step 10's linking of an under-allocated
-request to a running one about to release its KV (an under-allocated request draws from free KV and the reserve
-when it runs out instead), and the SLO-checked additions of case Sum M < A' beyond the token budget (B8.14: the
-budget caps them).
+``proactive=false`` is /PA, ``reserve_blocks=0`` /GR, ``link=false`` drops step 10's link (a cut request then
+draws from free KV and the reserve when it runs out). Not modelled: the SLO-checked additions of case Sum M < A'
+beyond the token budget (B8.14: the budget caps them).
 
 The run supplies, through :meth:`prepare` (kvstudy/cacheopt/setup.py): per-request SLOs (kvstudy/slo.py), the
 error ranges (b - a) from a calibration split, and the fitted swap/recompute costs.
@@ -59,7 +64,7 @@ from kvstudy.policies.step import RECOMPUTE, SWAP, Decision, StepPolicy, StepVie
 
 _CHOICES = {"padding": ("confidence", "fixed", "rlp"), "selection": ("slo", "fcfs"),
             "preemption": ("bucketed", "fcfs"), "strategy": ("select", "recompute", "swap"),
-            "allocation": ("rationale", "literal")}
+            "allocation": ("rationale", "literal"), "critical_waiting": ("first_token", "any")}
 
 
 class CacheOPT(StepPolicy):
@@ -71,7 +76,7 @@ class CacheOPT(StepPolicy):
                  selection: str = "slo", embedding: bool = True, buffer: int = 8, allocation: str = "rationale",
                  proactive: bool = True, m: int = 2, reserve_blocks: int = 8, preemption: str = "bucketed",
                  strategy: str = "select", epsilon: float = 0.001, max_num_seqs: int = 256,
-                 preempt_for_waiting: bool = True,
+                 preempt_for_waiting: bool = True, critical_waiting: str = "first_token", link: bool = True,
                  direction_accuracy: float = 0.85, calibration_requests: int = 6000, slo: Optional[dict] = None,
                  name: str = "cacheopt") -> None:
         for key, allowed in _CHOICES.items():
@@ -100,6 +105,7 @@ class CacheOPT(StepPolicy):
         self.reserve_blocks, self.preemption, self.strategy, self.epsilon = reserve_blocks, preemption, strategy, epsilon
         self.max_num_seqs, self.direction_accuracy = max_num_seqs, direction_accuracy
         self.preempt_for_waiting = bool(preempt_for_waiting)
+        self.critical_waiting, self.link = critical_waiting, bool(link)
         self.calibration_requests = calibration_requests
         self.slo = dict(slo or {})
         self.name = name
@@ -119,7 +125,8 @@ class CacheOPT(StepPolicy):
         super().reset(seed)
         self._so: List[int] = []  # padded output estimate s_o per arrived request
         self._t_max = 0.0
-        self._prev = None  # (time, ran something) of the previous step
+        self._links: Dict[int, List[int]] = {}  # step 10: cut request -> [the running request it waits on, blocks]
+        self._promised: Dict[int, int] = {}  # blocks of a running request's release promised to linked requests
         self.stalls = 0  # request-iterations a late request waited for a block
         self.causes: Dict[str, int] = {}  # preemptions by why: returned, conflict, critical_waiting, liveness
         self.embedded = 0
@@ -164,6 +171,15 @@ class CacheOPT(StepPolicy):
             return self.slo_tft[i] - (now - view.arrival[i])
         return self.slo_tbt[i] - (now - last)
 
+    def _deadline(self, view: StepView, i: int) -> float:
+        """When request i's slack runs out: arrival + SLO_tft before its first token, else its last token + SLO_tbt.
+        The waiting queue is in this order (the ascending RT of Sec. 3.3: RT = deadline - now, the same order at
+        every instant), ties by request index."""
+        last = view.last_token_time(i)
+        if last != last:
+            return view.arrival[i] + self.slo_tft[i]
+        return last + self.slo_tbt[i]
+
     def _mode(self, view: StepView, i: int) -> str:
         if view.in_prefill(i) or self.strategy == "recompute":
             return RECOMPUTE
@@ -193,11 +209,12 @@ class CacheOPT(StepPolicy):
         bs = mem.block_size
         while len(self._so) < view.num_arrived:
             self._so.append(self._estimate(view, len(self._so)))
-        if self._prev is not None and self._prev[1]:
-            self._t_max = max(self._t_max, now - self._prev[0])
+        self._t_max = max(self._t_max, view.last_iteration_seconds)  # iterations only, never idle time
         d = Decision()
         # the reserve is for running requests that run out; with none running it would only keep a large prompt out
         st = _State(view, self.reserve_blocks if view.running else 0)
+        if self._links:
+            self._serve_links(view, st, d)
         so, eps, t_max = self._so, self.epsilon, self._t_max
 
         def preempt_until(blocks_needed: int, protect, cause: str) -> bool:
@@ -221,7 +238,7 @@ class CacheOPT(StepPolicy):
             slack = {i: self._slack(view, i, now) for i in returned}
             returned.sort(key=lambda i: slack[i])
             for i in returned:
-                if i in st.victims:
+                if i in st.victims or i in st.grown:  # grown: a linked request got its blocks this step
                     continue
                 if st.take(1, reserve_ok=True):
                     st.grown.add(i)
@@ -243,7 +260,7 @@ class CacheOPT(StepPolicy):
         waiting = [i for i in view.swapped] + [i for i in view.waiting]
         if self.selection == "slo":
             rt = {i: self._slack(view, i, now) for i in waiting}
-            waiting.sort(key=lambda i: rt[i])
+            waiting.sort(key=lambda i: (self._deadline(view, i), i))
         else:
             rt = {}
         decoders = len(view.running) - len(view.prefilling)
@@ -256,7 +273,12 @@ class CacheOPT(StepPolicy):
             d.prefill.append((i, chunk))
         hosts = self._hosts(view, st) if self.embedding else []
         admitted: List[int] = []
-        critical = [i for i in waiting if self.selection == "slo" and 0 <= rt[i] < t_max + eps]
+        if self.selection != "slo":
+            critical = []
+        elif self.critical_waiting == "first_token":  # N_w: new requests racing their TTFT SLO (Sec. 3.3)
+            critical = [i for i in waiting if 0 <= rt[i] < t_max + eps and view.last_token_time(i) != view.last_token_time(i)]
+        else:  # "any": every waiting or swapped request by its slack (kvstudy's reading before issue 33)
+            critical = [i for i in waiting if 0 <= rt[i] < t_max + eps]
         for i in sorted(critical, key=lambda i: -(self._ctx(view, i) + bs)):
             budget = self._admit(view, st, d, i, budget, hosts, admitted, preempt_until)
         # 3. non-critical: late returned requests, proactive top-ups and waiting requests within the budget
@@ -313,7 +335,6 @@ class CacheOPT(StepPolicy):
         else:
             d.decode_all = bool(decoding) or bool(d.swap_in)
         self.stalls += len(stall)
-        self._prev = (now, bool(d.prefill or d.decode or d.decode_all))
         return d
 
     # --- pieces of the step -------------------------------------------------------------------------------------
@@ -410,6 +431,7 @@ class CacheOPT(StepPolicy):
             # a full grant is rounded up to whole blocks, a cut one down (never below the floor's blocks)
             blocks = -(-int(round(a)) // bs) if a >= w - 1e-9 else int(a // bs)
             blocks = max(blocks, -(-int(b) // bs))
+            cut = w - blocks * bs
             if view.state[i] == RUNNING:  # running: a late returned request needs its block, a proactive one a top-up
                 if blocks <= 0 or not st.take(blocks + (1 if i in late else 0), reserve_ok=i in late):
                     if i in late and st.take(1, reserve_ok=True):
@@ -418,6 +440,8 @@ class CacheOPT(StepPolicy):
                 if i in late:
                     st.grown.add(i)
                 d.reserve[i] = (mem.held(i) + blocks) * bs
+                if cut > 0:
+                    self._link(view, st, i, cut, (mem.held(i) + blocks) * bs - self._ctx(view, i))
                 continue
             if st.num_seqs >= self.max_num_seqs:
                 continue
@@ -433,6 +457,59 @@ class CacheOPT(StepPolicy):
             d.reserve[i] = min(blocks * bs, view.max_model_len)
             chunk = view.prompt[i] + view.waiting_generated[i]
             d.prefill.append((i, chunk))
+            if cut > 0:
+                self._link(view, st, i, cut, blocks * bs - chunk)
+
+    def _link(self, view: StepView, st: "_State", i: int, short: float, exhaust_in: int) -> None:
+        """Step 10 (Sec. 3.3.2): request i's allocation was cut by ``short`` tokens; it will use the KV of a running
+        request r_j that releases "shortly before r_i exhausts its allocated KVC" (in ``exhaust_in`` tokens, one per
+        iteration) and releases at least the shortfall. r_j releases when its predicted output s_o is done, in
+        s_o - generated iterations; its release not yet promised to others counts. Among those, the latest release
+        (the shortest wait), then the smallest sufficient release, then the lowest index [D]. None: no link."""
+        if not self.link or i in self._links:
+            return
+        mem, so = view.memory, self._so
+        need = -(-int(short) // mem.block_size)
+        best = None
+        for j in view.running:
+            if j == i or j in st.victims or view.in_prefill(j):
+                continue
+            release = st.freeable(j) - self._promised.get(j, 0)
+            when = max(0, so[j] - view.generated[j])
+            if release < need or when > exhaust_in:
+                continue
+            key = (-when, release, j)
+            if best is None or key < best:
+                best = key
+        if best is not None:
+            j = best[2]
+            self._links[i] = [j, need]
+            self._promised[j] = self._promised.get(j, 0) + need
+
+    def _serve_links(self, view: StepView, st: "_State", d: Decision) -> None:
+        """Linked requests whose r_j has released its KV (finished, or preempted) take their blocks first, before
+        anything else in this step; a link whose request left the GPU lapses."""
+        mem, bs = view.memory, view.memory.block_size
+        for i, (j, need) in list(self._links.items()):
+            if view.state[i] != RUNNING:
+                self._unlink(i)
+                continue
+            if view.state[j] == RUNNING:
+                continue
+            self._unlink(i)
+            target = mem.blocks(min(view.max_model_len, view.prompt[i] + self._so[i]))
+            blocks = min(need, target - mem.held(i), st.free)
+            if blocks > 0 and st.take(blocks, reserve_ok=True):
+                d.reserve[i] = (mem.held(i) + blocks) * bs
+                st.grown.add(i)
+
+    def _unlink(self, i: int) -> None:
+        j, need = self._links.pop(i)
+        left = self._promised.get(j, 0) - need
+        if left > 0:
+            self._promised[j] = left
+        else:
+            self._promised.pop(j, None)
 
     def _cap_chunks(self, view: StepView, d: Decision, decoding: int) -> None:
         """Chunks in order within the token budget left after the decodes; a new start with no budget left does

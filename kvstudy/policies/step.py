@@ -78,6 +78,9 @@ class StepView:
         self.growing = engine.growing
         #: CacheOPT's deviation-direction classifier per request (1: the prediction is under the truth), or None
         self.direction = engine.direction
+        #: how long the latest iteration that ran something took (0 before the first): idle time before an
+        #: arrival and steps that only copy KV are not iterations (CacheOPT's T_I^max, Sec. 3.3)
+        self.last_iteration_seconds = 0.0
         self._clock, self._last_token = engine.clock, engine.last_token
 
     def last_token_time(self, i: int) -> float:

@@ -23,15 +23,15 @@ def test_allocation_cases():
     want, base = np.array([100.0, 100.0]), np.array([10.0, 10.0])
     slack, prompt, output = np.array([1.0, 3.0]), np.array([50.0, 50.0]), np.array([50.0, 50.0])
     a, left = allocate(want, base, slack, prompt, output, pool=200)  # Sum M = A
-    assert a.tolist() == [100.0, 100.0] and left == 0.0
+    assert list(a) == [100.0, 100.0] and left == 0.0
     a, left = allocate(want, base, slack, prompt, output, pool=260)  # Sum M < A
-    assert a.tolist() == [100.0, 100.0] and left == 60.0
+    assert list(a) == [100.0, 100.0] and left == 60.0
     a, _ = allocate(want, base, slack, prompt, output, pool=120)  # Sum M > A: cuts E = 80 in proportion to RT s_o
     assert a == pytest.approx([80.0, 40.0])  # lambda = 80 / 200: cuts 20 and 60
     a, _ = allocate(want, base, slack, prompt, output, pool=30)  # a floor binds: water-filling
     assert a == pytest.approx([20.0, 10.0])
     a, _ = allocate(want, base, slack, prompt, output, pool=15)  # not even the floors: the caller preempts first
-    assert a.tolist() == [10.0, 10.0]
+    assert list(a) == [10.0, 10.0]
     a, _ = allocate(want, base, slack, prompt, output, pool=120, mode="literal")  # A' RT s_p / Sum(RT s_p)
     assert a == pytest.approx([30.0, 90.0])
 

@@ -14,32 +14,64 @@ If even the floors exceed A', the caller must preempt first (step 6); this funct
 """
 from __future__ import annotations
 
-from typing import Tuple
-
-import numpy as np
+from typing import List, Sequence, Tuple
 
 
-def allocate(want: np.ndarray, base: np.ndarray, slack: np.ndarray, prompt: np.ndarray, output: np.ndarray,
-             pool: float, mode: str = "rationale") -> Tuple[np.ndarray, float]:
+def _sum(x: Sequence[float], lo: int = 0, n: int = None) -> float:
+    """numpy's pairwise summation of float64 (``np.add.reduce``), term for term, so that the allocation is the
+    same float numpy would give (it decides whole blocks), without numpy's overhead on a handful of numbers."""
+    if n is None:
+        n = len(x)
+    if n < 8:
+        res = 0.0
+        for k in range(lo, lo + n):
+            res += x[k]
+        return res
+    if n <= 128:
+        r = list(x[lo:lo + 8])
+        k, stop = 8, n - n % 8
+        while k < stop:
+            for j in range(8):
+                r[j] += x[lo + k + j]
+            k += 8
+        res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
+        while k < n:
+            res += x[lo + k]
+            k += 1
+        return res
+    n2 = n // 2
+    n2 -= n2 % 8
+    return _sum(x, lo, n2) + _sum(x, lo + n2, n - n2)
+
+
+def allocate(want: Sequence[float], base: Sequence[float], slack: Sequence[float], prompt: Sequence[float],
+             output: Sequence[float], pool: float, mode: str = "rationale") -> Tuple[List[float], float]:
     """(allocations, leftover) for the chosen requests; allocations are floats (the caller rounds to blocks)."""
-    want, base = np.asarray(want, dtype=float), np.asarray(base, dtype=float)
-    base = np.minimum(base, want)
-    total = want.sum()
+    want = [float(v) for v in want]
+    base = [min(float(b), v) for b, v in zip(base, want)]
+    total = _sum(want)
     if total <= pool:
-        return want.copy(), float(pool - total)
-    if base.sum() >= pool:
-        return base.copy(), 0.0
+        return list(want), float(pool - total)
+    if _sum(base) >= pool:
+        return list(base), 0.0
     if mode == "literal":
-        w = np.asarray(slack, dtype=float) * np.asarray(prompt, dtype=float)
-        return np.maximum(base, pool * w / w.sum()), 0.0
+        w = [float(r) * float(p) for r, p in zip(slack, prompt)]
+        sw = _sum(w)
+        return [max(b, pool * x / sw) for b, x in zip(base, w)], 0.0
     if mode != "rationale":
         raise ValueError(f"allocation mode {mode!r}: allowed rationale, literal")
-    w = np.maximum(np.asarray(slack, dtype=float) * np.asarray(output, dtype=float), 1e-12)
-    lo, hi = 0.0, float(((want - base) / w).max())
+    w = [max(float(r) * float(o), 1e-12) for r, o in zip(slack, output)]
+    lo, hi = 0.0, max((v - b) / x for v, b, x in zip(want, base, w))
+    terms = list(base)
     for _ in range(200):  # Sum max(base, want - lambda w) decreases in lambda
         mid = (lo + hi) / 2
-        if np.maximum(base, want - mid * w).sum() > pool:
+        if mid <= lo or mid >= hi:  # lo and hi are adjacent floats: every further halving would change nothing
+            break
+        for k in range(len(w)):
+            t = want[k] - mid * w[k]
+            terms[k] = t if t > base[k] else base[k]
+        if _sum(terms) > pool:
             lo = mid
         else:
             hi = mid
-    return np.maximum(base, want - hi * w), 0.0
+    return [max(b, v - hi * x) for b, v, x in zip(base, want, w)], 0.0

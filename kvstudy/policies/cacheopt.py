@@ -52,11 +52,12 @@ error ranges (b - a) from a calibration split, and the fitted swap/recompute cos
 from __future__ import annotations
 
 import bisect
+from itertools import chain
 from typing import Dict, List, Optional
 
 from kvstudy.cacheopt.allocation import allocate
-from kvstudy.cacheopt.embedding import feasible
 from kvstudy.cacheopt.preemption import choose_mode, victim_order
+from kvstudy.cacheopt.queue import DeadlineQueue
 from kvstudy.engine import RUNNING, SWAPPED, WAITING
 from kvstudy.errors import ConfigError
 from kvstudy.padding import adaptive_confidence, padded_output
@@ -127,6 +128,10 @@ class CacheOPT(StepPolicy):
         self._t_max = 0.0
         self._links: Dict[int, List[int]] = {}  # step 10: cut request -> [the running request it waits on, blocks]
         self._promised: Dict[int, int] = {}  # blocks of a running request's release promised to linked requests
+        self._queue = DeadlineQueue()  # waiting and swapped requests in deadline (RT) order, kept across steps
+        self._seen = 0  # arrivals already in the queue
+        self._moved: tuple = ((), ())  # (started, preempted) by the previous decision: the queue's changes
+        self.queue_rebuilds = 0  # times the queue disagreed with the engine's lists and was rebuilt (expected: 0)
         self.stalls = 0  # request-iterations a late request waited for a block
         self.causes: Dict[str, int] = {}  # preemptions by why: returned, conflict, critical_waiting, liveness
         self.embedded = 0
@@ -256,13 +261,13 @@ class CacheOPT(StepPolicy):
                     st.grown.add(i)
                 else:
                     late.append(i)
-        # 2. waiting (new, recomputing) and swapped requests in selection order
-        waiting = [i for i in view.swapped] + [i for i in view.waiting]
+        # 2. waiting (new, recomputing) and swapped requests in selection order: by deadline (slo), or swapped
+        # then waiting in the engine's order (fcfs)
         if self.selection == "slo":
-            rt = {i: self._slack(view, i, now) for i in waiting}
-            waiting.sort(key=lambda i: (self._deadline(view, i), i))
+            self._sync_queue(view)
+            waiting = self._queue
         else:
-            rt = {}
+            waiting = list(chain(view.swapped, view.waiting))
         decoders = len(view.running) - len(view.prefilling)
         budget = self.token_budget - (decoders - len(st.victims_decoding(view)))
         for i in view.prefilling:  # unfinished chunked prefills continue first
@@ -271,14 +276,19 @@ class CacheOPT(StepPolicy):
             chunk = min(view.prefill_target[i] - view.prefilled[i], budget)
             budget -= chunk
             d.prefill.append((i, chunk))
-        hosts = self._hosts(view, st) if self.embedding else []
+        scan = view.held_and_context() if (self.embedding and len(waiting)) or self.proactive or self.link else []
+        self._scan = scan
+        hosts = self._hosts(view, st, scan) if self.embedding else []
+        self._host_order = None  # hosts by unused allocation, built when the first embedding is tried
         admitted: List[int] = []
-        if self.selection != "slo":
-            critical = []
-        elif self.critical_waiting == "first_token":  # N_w: new requests racing their TTFT SLO (Sec. 3.3)
-            critical = [i for i in waiting if 0 <= rt[i] < t_max + eps and view.last_token_time(i) != view.last_token_time(i)]
-        else:  # "any": every waiting or swapped request by its slack (kvstudy's reading before issue 33)
-            critical = [i for i in waiting if 0 <= rt[i] < t_max + eps]
+        critical = []
+        if self.selection == "slo":
+            # 0 <= RT < T_max + eps, RT = deadline - now: the requests whose deadline is in that window (widened by
+            # far more than rounding, then checked exactly)
+            for i in waiting.window(now - 1e-6, now + t_max + eps + 1e-6):
+                if 0 <= self._slack(view, i, now) < t_max + eps and (
+                        self.critical_waiting == "any" or view.last_token_time(i) != view.last_token_time(i)):
+                    critical.append(i)  # first_token: N_w holds new requests racing their TTFT SLO (Sec. 3.3)
         for i in sorted(critical, key=lambda i: -(self._ctx(view, i) + bs)):
             budget = self._admit(view, st, d, i, budget, hosts, admitted, preempt_until)
         # 3. non-critical: late returned requests, proactive top-ups and waiting requests within the budget
@@ -288,12 +298,12 @@ class CacheOPT(StepPolicy):
             base.append(bs)
             want.append(max(bs, (view.prompt[i] + so[i]) - mem.held(i) * bs))
         if self.proactive:
-            for i in view.running:
-                if i in st.victims or i in st.grown or i in late or view.in_prefill(i):
+            m, mml, prompt = self.m, view.max_model_len, view.prompt
+            for i, a_i, u_i in scan:
+                if a_i - u_i > m or i in st.victims or i in st.grown or i in late:
                     continue
-                a_i, u_i = mem.held(i) * bs, self._ctx(view, i)
-                target = min(view.max_model_len, view.prompt[i] + so[i])
-                if a_i < target and a_i - u_i <= self.m:
+                target = min(mml, prompt[i] + so[i])
+                if a_i < target:
                     cand.append(i)
                     base.append(0)
                     want.append(target - a_i)
@@ -327,14 +337,19 @@ class CacheOPT(StepPolicy):
             if st.take(1, reserve_ok=True) or (preempt_until(1, {first}, "liveness") and st.take(1, reserve_ok=True)):
                 st.grown.add(first)
             stall = {i for i in late if i not in st.grown and i not in st.victims}
-        running_after = [i for i in view.running if i not in st.victims]
-        decoding = [i for i in running_after if not view.in_prefill(i) and i not in stall]
-        self._cap_chunks(view, d, len(decoding) + len(d.swap_in))
+        if stall or st.victims:
+            decoding = [i for i in view.running if i not in st.victims and not view.in_prefill(i) and i not in stall]
+            n_decoding = len(decoding)
+        else:  # everyone past the prefill decodes
+            n_decoding = len(view.running) - len(view.prefilling)
+        self._cap_chunks(view, d, n_decoding + len(d.swap_in))
         if stall:
             d.decode = decoding + list(d.swap_in)
         else:
-            d.decode_all = bool(decoding) or bool(d.swap_in)
+            d.decode_all = bool(n_decoding) or bool(d.swap_in)
         self.stalls += len(stall)
+        self._moved = ([i for i, _ in d.prefill if view.state[i] == WAITING] + list(d.swap_in),
+                       [v for v, _ in d.preempt])
         return d
 
     # --- pieces of the step -------------------------------------------------------------------------------------
@@ -344,16 +359,29 @@ class CacheOPT(StepPolicy):
             return view.memory.host[i] * view.memory.block_size
         return view.prompt[i] + view.waiting_generated[i]
 
-    def _hosts(self, view: StepView, st: "_State") -> List[list]:
-        mem, out = view.memory, []
-        for j in view.running:
-            if j in st.victims or j in mem.loans or view.in_prefill(j):
-                continue
-            a_j = mem.held(j) * mem.block_size
-            u_j = self._ctx(view, j)
-            if a_j - u_j > self.buffer:
-                out.append([j, a_j, u_j])
-        return out
+    def _sync_queue(self, view: StepView) -> None:
+        """The deadline queue after the previous decision: its starts leave, its victims and new arrivals enter."""
+        q, state = self._queue, view.state
+        started, preempted = self._moved
+        for i in started:
+            q.drop(i)
+        for i in preempted:
+            if state[i] == WAITING or state[i] == SWAPPED:
+                q.push(self._deadline(view, i), i)
+        arrival, slo_tft = view.arrival, self.slo_tft
+        for i in range(self._seen, view.num_arrived):
+            if state[i] == WAITING:
+                q.push(arrival[i] + slo_tft[i], i)
+        self._seen = view.num_arrived
+        self._moved = ((), ())
+        if len(q) != len(view.waiting) + len(view.swapped):  # something else moved a request: start over
+            self.queue_rebuilds += 1
+            q.rebuild((self._deadline(view, i), i) for i in chain(view.swapped, view.waiting))
+
+    def _hosts(self, view: StepView, st: "_State", scan) -> List[list]:
+        """Running requests with more than ``buffer`` allocated-but-unused tokens that are no one's guest."""
+        loans, victims, buffer = view.memory.loans, st.victims, self.buffer
+        return [[j, a_j, u_j] for j, a_j, u_j in scan if a_j - u_j > buffer and j not in victims and j not in loans]
 
     def _embed(self, view: StepView, st: "_State", d: Decision, i: int, hosts: List[list]) -> bool:
         """Borrow a host's unused allocation for waiting request i (best fit); False if none fits."""
@@ -361,11 +389,17 @@ class CacheOPT(StepPolicy):
             return False
         bs = view.memory.block_size
         s_p, s_o = self._need(view, i), max(1, self._so[i] - view.waiting_generated[i])
-        fits = [(a - u, k) for k, (j, a, u) in enumerate(hosts)
-                if j not in st.victims and feasible(a, u, s_p, s_o, self.buffer)]
-        if not fits:
+        # feasible(a, u, s_p, s_o, b) is a - u >= s_p + 2 s_o + b (whole tokens); the best fit is the host with the
+        # least a - u among those (then the first in running order): the first in (a - u, position) order
+        if self._host_order is None:
+            self._host_order = sorted((a - u, k) for k, (_, a, u) in enumerate(hosts))
+        order, victims, k = self._host_order, st.victims, None
+        for pos in range(bisect.bisect_left(order, (s_p + 2 * s_o + self.buffer, -1)), len(order)):
+            if hosts[order[pos][1]][0] not in victims:
+                k = order[pos][1]
+                break
+        if k is None:
             return False
-        k = min(fits)[1]
         j, a_j, u_j = hosts[k]
         blocks = -(-(s_p + s_o) // bs)
         if a_j // bs - blocks < -(-(u_j + 1) // bs):
@@ -373,6 +407,8 @@ class CacheOPT(StepPolicy):
         d.lend.append((i, j, blocks))
         self.embedded += 1
         hosts[k][1] = a_j - blocks * bs
+        order.remove((a_j - u_j, k))
+        bisect.insort(order, (a_j - blocks * bs - u_j, k))
         st.num_seqs += 1
         return True
 
@@ -468,15 +504,15 @@ class CacheOPT(StepPolicy):
         (the shortest wait), then the smallest sufficient release, then the lowest index [D]. None: no link."""
         if not self.link or i in self._links:
             return
-        mem, so = view.memory, self._so
-        need = -(-int(short) // mem.block_size)
+        bs, so, prompt, promised, loans = view.memory.block_size, self._so, view.prompt, self._promised, view.memory.loans
+        need = -(-int(short) // bs)
         best = None
-        for j in view.running:
-            if j == i or j in st.victims or view.in_prefill(j):
+        for j, a_j, u_j in self._scan:  # running past their prefill: (request, held tokens, context)
+            when = max(0, so[j] - (u_j - prompt[j]))  # its predicted iterations left
+            if when > exhaust_in or j == i or j in st.victims:
                 continue
-            release = st.freeable(j) - self._promised.get(j, 0)
-            when = max(0, so[j] - view.generated[j])
-            if release < need or when > exhaust_in:
+            release = (st.freeable(j) if j in loans else a_j // bs) - promised.get(j, 0)
+            if release < need:
                 continue
             key = (-when, release, j)
             if best is None or key < best:

@@ -1,0 +1,70 @@
+"""CacheOPT's faster step makes the same decisions (issue 33, item 6).
+
+The step was made ~2-4x cheaper (kvstudy/cacheopt/queue.py keeps the waiting queue in deadline order across steps;
+one pass over the running requests serves the proactive top-ups, the embedding hosts and step 10's links; the best
+host is found by bisection; the allocation's bisection stops once its bracket cannot shrink and sums as numpy does
+without numpy). Every decision of every step of the runs below is hashed; the hashes were recorded with the code
+before those changes (commit 446dded: ``PYTHONPATH=<that checkout> python tests/test_cacheopt_speed.py``).
+"""
+import hashlib
+import sys
+
+import numpy as np
+import pytest
+
+#: name -> (overrides, (sha256 prefix of every step's decision, steps)) recorded at commit 446dded
+RUNS = {
+    "sharegpt_overload": (["workload=sharegpt", "demand.scale=0.25"], ('452d0d2cb1e1e067', 2815)),
+    "sharegpt_knee_sec34": (["workload=sharegpt", "demand.scale=0.22", "policy.slo.calibration=sec34",
+                             "policy.slo.tbt_ref=null"], ('7327dbf54f688e77', 2827)),
+    "bookcorpus_critical_any": (["workload=bookcorpus", "demand.scale=0.9", "policy.critical_waiting=any"], ('36b191ab26f7aec4', 12809)),
+    "alpaca_swap_all": (["workload=alpaca", "demand.scale=2.5", "policy.strategy=swap"], ('1987677c8e1111fa', 333)),
+    "sharegpt_fixed_scale": (["workload=sharegpt", "demand.scale=0.25", "policy.slo.scale=1.0"], ('7daf1c86d421c25a', 2759)),
+    "sharegpt_literal_allocation": (["workload=sharegpt", "demand.scale=0.25", "policy.allocation=literal",
+                                     "policy.selection=fcfs"], ('8029098a6c06f369', 2765)),
+}
+
+
+def decisions(overrides):
+    """(hash, steps) of CacheOPT's decisions on 600 requests of the main comparison's setting, seed 0."""
+    from kvstudy import api
+    from kvstudy.policies import cacheopt
+
+    log = []
+    step = cacheopt.CacheOPT.step
+
+    def recorded(self, view):
+        d = step(self, view)
+        log.append((view.step, repr(view.time), d.preempt, d.swap_in, d.prefill, d.decode, d.decode_all,
+                    sorted(d.reserve.items()), d.lend))
+        return d
+
+    cfg = api.compose(["+experiment=cacheopt_main", "+policy=cacheopt", "workload.num_requests=600", "seed=0",
+                       "policy.slo.ttft_ref=2.0", "policy.slo.tbt_ref=0.1"] + overrides)
+    cacheopt.CacheOPT.step = recorded
+    try:
+        api.simulate(cfg)
+    finally:
+        cacheopt.CacheOPT.step = step
+    return hashlib.sha256(repr(log).encode()).hexdigest()[:16], len(log)
+
+
+@pytest.mark.parametrize("name", sorted(RUNS))
+def test_same_decisions_as_before_the_speed_up(name):
+    overrides, expected = RUNS[name]
+    assert decisions(overrides) == expected
+
+
+def test_allocation_sums_as_numpy_does():
+    from kvstudy.cacheopt.allocation import _sum
+
+    rng = np.random.default_rng(0)
+    for _ in range(2000):
+        x = rng.uniform(0, 1000, int(rng.integers(1, 400))) * rng.choice([1.0, 1e-3, 1e5])
+        assert _sum(x.tolist()) == float(x.sum())
+
+
+if __name__ == "__main__":  # print the table above for the kvstudy on the path
+    for name, (overrides, _) in RUNS.items():
+        print(f"{name}: {decisions(overrides)}", flush=True)
+        sys.stdout.flush()

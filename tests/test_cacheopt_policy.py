@@ -114,6 +114,21 @@ def test_a_cut_request_uses_the_kv_a_running_request_releases_in_time():
     assert res.requests.completion_time.tolist() == [4.0, 21.0, 8.0]
 
 
+def test_a_link_lapses_when_its_partner_is_preempted():
+    # 8 blocks of 4, a reserve of 1. A (prompt 6, output 11) runs from 0 holding 20 tokens; C (prompt 2, output 17)
+    # arrives at 6 and is cut to 8 tokens (2 blocks), linked to A. At 9 B (TTFT SLO 5 s, critical) preempts A: A's
+    # KV goes to B, so the link lapses and C gets nothing at 10 (serving it then took the last free block and the
+    # reserve); the schedule is the one without links (found by an independent review's fuzzing)
+    req = make_instance([6, 7, 2], [11, 18, 17], np.array([0.0, 5.0, 6.0]))
+    out = {}
+    for link in (True, False):
+        tape, res = run(quiet(link=link, reserve_blocks=1), req, [1.0, 5.0, 3.0], [4.0, 1.0, 2.0])
+        assert tape.at(9.0)[3].preempt == [(0, "recompute")] and not tape.inner._links
+        out[link] = [(e[0], e[3].reserve) for e in tape.log if e[3].reserve]
+        out[link, "done"] = res.requests.completion_time.tolist()
+    assert out[True] == out[False] and out[True, "done"] == [29.0, 27.0, 33.0]
+
+
 def test_t_max_counts_iterations_not_idle_time():
     # Issue 33, item 4: A (prompt 4, output 2) runs 0-2; the engine idles until B arrives at 10. T_I^max stays 1 s
     # (the test engine's iteration), not the 8 s of idle time; so B, with a TTFT SLO of 5 s, is not critical on

@@ -103,19 +103,16 @@ def slo_reference(cfg, policy) -> Tuple[float, float]:
     base = OmegaConf.to_container(cfg, resolve=True)
     base.pop("policy", None)
     base.setdefault("engine", {})["progress"] = False
-    key = OmegaConf.to_yaml(OmegaConf.create(base)) + "|" + ",".join(names)
+    blocks = (base.get("systems") or {}).get("block_size") or {}
+    configs = []
+    for name in names:
+        ref = {**base, "policy": OmegaConf.to_container(_policy_node(name), resolve=True)}
+        if name in blocks:  # the reference system pages in its own block size, as in the comparison
+            ref["memory"] = {**ref["memory"], "block_size": int(blocks[name])}
+        configs.append(OmegaConf.create(ref))
+    key = "|".join(OmegaConf.to_yaml(c) for c in configs)  # the runs themselves: equal runs are shared
     if key not in _REFERENCES:
-        runs = []
-        blocks = (base.get("systems") or {}).get("block_size") or {}
-        for name in names:
-            node = _policy_node(name)
-            ref = {**base, "policy": OmegaConf.to_container(node, resolve=True)}
-            if name in blocks:  # the reference system pages in its own block size, as in the comparison
-                ref["memory"] = {**ref["memory"], "block_size": int(blocks[name])}
-            ref_cfg = OmegaConf.create(ref)
-            result, _ = api.simulate(ref_cfg)
-            runs.append(result.requests)
-        _REFERENCES[key] = reference(runs)
+        _REFERENCES[key] = reference([api.simulate(c)[0].requests for c in configs])
     ttft, tbt = _REFERENCES[key]
     return (ttft if slo.get("ttft_ref") is None else float(slo["ttft_ref"]),
             tbt if tbt_fixed is None else float(tbt_fixed))

@@ -9,9 +9,10 @@ Per run (kvstudy/slo.py): p99 and p95 TTFT; tail TBT two ways: the p99 and p95 o
 tokens of every request, pooled (``tbt_p99``, spec B8.11; the engine's ``tbt_pooled`` summary), and of each
 request's worst gap (``worst_gap_p99``); TTFT and TBT SLO attainment, normalized latency, mean preemptions, waiting / execution / preemption time, and the scheduler's
 wall time per iteration (Sec. 5.3). A CacheOPT run (or variant) is scored against the per-request SLOs it drew
-(``slo_ttft`` / ``slo_tbt`` in its requests table, spec B8.12); a baseline against those of the CacheOPT run of the
-same (model, trace, rate, seed), which every variant of that setting shares (same reference, same seed); a setting
-without a CacheOPT run has no attainment.
+(``slo_ttft`` / ``slo_tbt`` in its requests table, spec B8.12); a baseline against those of the run of
+``scored_by`` (``cacheopt``: the literal calibration; ``cacheopt_sec34``: Sec. 3.4's, issue 33) of the same
+(model, trace, rate, seed); the ablation variants draw the same SLOs as the full policy (same reference, same seed).
+A setting without that run has no attainment for its baselines.
 
 Sustainable rate (Sec. 5.1, "while maintaining similar latencies", spec B5) [D]: per (model, trace) the target is
 ``target_factor`` (2) x the lowest mean normalized latency any system reaches at the lowest rate; each system's
@@ -30,15 +31,16 @@ from kvstudy import analysis, slo
 SETTING = ["model.name", "hardware.name", "workload.name", "demand.scale", "seed"]
 
 
-def metrics(folder) -> pd.DataFrame:
-    """One row per finished run of a CacheOPT-study folder, with the metrics above."""
+def metrics(folder, scored_by: str = "cacheopt") -> pd.DataFrame:
+    """One row per finished run of a CacheOPT-study folder, with the metrics above; baselines are scored against
+    the SLOs of ``scored_by``'s run of their setting."""
     runs = analysis.load_sweep(folder)
     if not len(runs):
         return pd.DataFrame()
     # CacheOPT first (then its variants, then the baselines), so that each setting's SLOs are known when a baseline
     # of that setting is scored, and every requests table is read once
     name = runs["policy.name"].astype(str)
-    first = np.where(name == "cacheopt", 0, np.where(name.str.startswith("cacheopt"), 1, 2))
+    first = np.where(name == scored_by, 0, np.where(name.str.startswith("cacheopt"), 1, 2))
     slos, rows = {}, {}
     for pos in np.argsort(first, kind="stable"):
         r = runs.iloc[pos]
@@ -57,7 +59,7 @@ def metrics(folder) -> pd.DataFrame:
             row.update(provisioning(req["estimated_output_tokens"], req["output_tokens"]))
         row.update(slo.time_split(req))
         key = tuple(r[k] for k in SETTING)
-        if "slo_ttft" in req:  # a CacheOPT run is scored against the SLOs it drew itself
+        if "slo_ttft" in req and r["policy.name"] == scored_by:  # the SLOs the baselines of this setting face
             slos.setdefault(key, req)
         ref = req if "slo_ttft" in req else slos.get(key)
         if ref is not None and len(ref) == len(req) and (ref["request_id"].to_numpy() == req["request_id"].to_numpy()).all():
@@ -105,7 +107,7 @@ def with_intervals(m: pd.DataFrame, col: str) -> pd.DataFrame:
     return out.unstack("system")
 
 
-def ratios(m: pd.DataFrame, reference: str = "cacheopt") -> pd.DataFrame:
+def ratios(m: pd.DataFrame, reference: str = "cacheopt", baselines=None) -> pd.DataFrame:
     """Per (model, trace, rate, baseline): tail TTFT, tail TBT (pooled gaps) and tail worst gap of the baseline / of
     CacheOPT (> 1: CacheOPT's is lower), and CacheOPT's attainment minus the baseline's, from seed means."""
     mm = means(m)
@@ -116,7 +118,7 @@ def ratios(m: pd.DataFrame, reference: str = "cacheopt") -> pd.DataFrame:
             continue
         ref = part.loc[reference]
         for b in part.index:
-            if b == reference:
+            if b == reference or (baselines is not None and b not in baselines):
                 continue
             x = part.loc[b]
             rows.append(dict(zip(["model", "hardware", "workload", "scale", "rate"], key), baseline=b,

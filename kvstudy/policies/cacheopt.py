@@ -58,7 +58,7 @@ from typing import Dict, List, Optional
 from kvstudy.cacheopt.allocation import allocate
 from kvstudy.cacheopt.preemption import choose_mode, victim_order
 from kvstudy.cacheopt.queue import DeadlineQueue
-from kvstudy.engine import RUNNING, SWAPPED, WAITING
+from kvstudy.engine import DONE, RUNNING, SWAPPED, WAITING
 from kvstudy.errors import ConfigError
 from kvstudy.padding import adaptive_confidence, padded_output
 from kvstudy.policies.step import RECOMPUTE, SWAP, Decision, StepPolicy, StepView
@@ -294,6 +294,8 @@ class CacheOPT(StepPolicy):
         # 3. non-critical: late returned requests, proactive top-ups and waiting requests within the budget
         cand, base, want = [], [], []
         for i in late:
+            if i in st.victims:  # preempted later in this step (for another returned or a critical request)
+                continue
             cand.append(i)
             base.append(bs)
             want.append(max(bs, (view.prompt[i] + so[i]) - mem.held(i) * bs))
@@ -405,6 +407,7 @@ class CacheOPT(StepPolicy):
         if a_j // bs - blocks < -(-(u_j + 1) // bs):
             return False
         d.lend.append((i, j, blocks))
+        st.lent[j] = st.lent.get(j, 0) + blocks
         self.embedded += 1
         hosts[k][1] = a_j - blocks * bs
         order.remove((a_j - u_j, k))
@@ -511,7 +514,7 @@ class CacheOPT(StepPolicy):
             when = max(0, so[j] - (u_j - prompt[j]))  # its predicted iterations left
             if when > exhaust_in or j == i or j in st.victims:
                 continue
-            release = (st.freeable(j) if j in loans else a_j // bs) - promised.get(j, 0)
+            release = (st.freeable(j) if j in loans else a_j // bs) - promised.get(j, 0) - st.lent.get(j, 0)
             if release < need:
                 continue
             key = (-when, release, j)
@@ -523,11 +526,12 @@ class CacheOPT(StepPolicy):
             self._promised[j] = self._promised.get(j, 0) + need
 
     def _serve_links(self, view: StepView, st: "_State", d: Decision) -> None:
-        """Linked requests whose r_j has released its KV (finished, or preempted) take their blocks first, before
-        anything else in this step; a link whose request left the GPU lapses."""
+        """Linked requests whose r_j finished (its KV is free since the end of the last iteration) take their blocks
+        first, before anything else in this step. A link lapses when r_i left the GPU, or when r_j was preempted:
+        its KV then went to whoever preempted it [D]."""
         mem, bs = view.memory, view.memory.block_size
         for i, (j, need) in list(self._links.items()):
-            if view.state[i] != RUNNING:
+            if view.state[i] != RUNNING or (view.state[j] != RUNNING and view.state[j] != DONE):
                 self._unlink(i)
                 continue
             if view.state[j] == RUNNING:
@@ -567,7 +571,7 @@ class CacheOPT(StepPolicy):
 class _State:
     """The step's running tally: free blocks (the reserve counted in), victims, who got a block, running count."""
 
-    __slots__ = ("view", "free", "reserve", "victims", "grown", "num_seqs")
+    __slots__ = ("view", "free", "reserve", "victims", "grown", "num_seqs", "lent")
 
     def __init__(self, view: StepView, reserve_blocks: int) -> None:
         self.view = view
@@ -575,6 +579,7 @@ class _State:
         self.reserve = min(reserve_blocks, view.memory.num_blocks // 2)
         self.victims, self.grown = set(), set()
         self.num_seqs = len(view.running)
+        self.lent: Dict[int, int] = {}  # blocks each host lends in this step (they no longer come back to the pool)
 
     def take(self, blocks: int, reserve_ok: bool) -> bool:
         floor = 0 if reserve_ok else self.reserve

@@ -91,7 +91,28 @@ def _instantiate(node: DictConfig, **kwargs):
         from hydra.utils import get_object
 
         fn = _TARGETS[target] = get_object(target)
+    import inspect
+
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        signature = None
+    if signature is not None and not any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values()):
+        unknown = sorted(set(params) - set(signature.parameters))
+        if unknown:  # a key this option does not take (++memory.decode_block_check on memory=paper, say)
+            group = _group_of(node)
+            raise ConfigError(f"{', '.join(f'{group}.{k}' for k in unknown)}: not a setting of {group} "
+                              f"'{node.get('name', target)}' ({target}); it takes "
+                              f"{', '.join(signature.parameters)}")
     return fn(**{**params, **kwargs})  # as a partial: call-time arguments win over the config's
+
+
+def _group_of(node: DictConfig) -> str:
+    """The config key of ``node`` (memory, policy, ...), for messages."""
+    try:
+        return node._key() or "config"
+    except Exception:
+        return "config"
 
 
 def build_latency(cfg: DictConfig, arch: ModelArch, hw: HardwareSpec, capacity: int):

@@ -92,3 +92,11 @@ def test_no_policy_and_no_demand_messages(tmp_path):
 def test_tp_size_missing_from_profiles(tmp_path):
     with pytest.raises(ConfigError, match=r"no profile rows at tensor_parallel=16 .* profiled TP sizes: \[1, 2, 4, 8\]"):
         run(["+policy=mcsf", "+demand=high", "hardware.tensor_parallel=16", "latency=vidur"] + FAST[1:], tmp_path)
+
+
+def test_a_key_the_chosen_option_does_not_take_is_named():
+    # ++ adds a key Hydra does not know; memory=paper has no decode block check (only memory=paged does)
+    cfg = api.compose(["+policy=mcsf", "+demand=high", "++memory.decode_block_check=boundary",
+                       "workload.num_requests=20", "latency=linear"])
+    with pytest.raises(ConfigError, match=r"memory.decode_block_check: not a setting of memory 'paper'"):
+        api.simulate(cfg)

@@ -450,15 +450,13 @@ class CacheOPT(StepPolicy):
         """Step 10: share the pool among the non-critical requests (allocation.py), dropping the last waiting
         ones while even the floors do not fit."""
         mem, bs, now = view.memory, view.memory.block_size, view.time
-        while cand:
-            pool = (st.free - st.reserve) * bs
-            if sum(base) <= pool:
-                break
-            k = max(range(len(cand)), key=lambda k: (view.state[cand[k]] in (WAITING, SWAPPED), k))  # the last waiting one
-            if view.state[cand[k]] not in (WAITING, SWAPPED):
-                break
-            for lst in (cand, base, want):
-                lst.pop(k)
+        # the running candidates (late, proactive) come first, the waiting ones after: the last waiting one is the
+        # last candidate, while it is waiting (one pass with a running sum; the floors are whole tokens)
+        pool, total, state = (st.free - st.reserve) * bs, sum(base), view.state
+        while cand and total > pool and state[cand[-1]] in (WAITING, SWAPPED):
+            total -= base.pop()
+            cand.pop()
+            want.pop()
         if not cand:
             return
         pool = max(0, (st.free - st.reserve) * bs)

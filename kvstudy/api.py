@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import signal
 import threading
@@ -66,6 +67,7 @@ def hardware_spec(cfg: DictConfig) -> HardwareSpec:
 
 
 _TARGETS: dict = {}
+_SIGNATURES: dict = {}  # target -> its call signature (None: not introspectable), for naming unknown keys
 
 
 def _nested_target(value) -> bool:
@@ -91,12 +93,12 @@ def _instantiate(node: DictConfig, **kwargs):
         from hydra.utils import get_object
 
         fn = _TARGETS[target] = get_object(target)
-    import inspect
-
-    try:
-        signature = inspect.signature(fn)
-    except (TypeError, ValueError):
-        signature = None
+    if target not in _SIGNATURES:
+        try:
+            _SIGNATURES[target] = inspect.signature(fn)
+        except (TypeError, ValueError):
+            _SIGNATURES[target] = None
+    signature = _SIGNATURES[target]
     if signature is not None and not any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values()):
         unknown = sorted(set(params) - set(signature.parameters))
         if unknown:  # a key this option does not take (++memory.decode_block_check on memory=paper, say)

@@ -23,9 +23,6 @@ class DeadlineQueue:
     def __len__(self) -> int:
         return len(self._live)
 
-    def __contains__(self, i: int) -> bool:
-        return i in self._live
-
     def push(self, deadline: float, i: int) -> None:
         """Request i (re-)enters with ``deadline``; an earlier entry of i is dead."""
         v = self._version.get(i, 0) + 1

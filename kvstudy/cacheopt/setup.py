@@ -36,6 +36,7 @@ from kvstudy.predictors import direction
 from kvstudy.slo import draw_slos, reference
 
 _REFERENCES: Dict[str, Tuple[float, float]] = {}
+_POLICY_NODES: Dict[str, dict] = {}  # reference policy name -> its composed config (plain), once per process
 _COSTS: Dict[tuple, object] = {}
 DEFAULT_REFERENCE = ("vllm", "rlp", "s3", "sarathi")
 #: ``calibration: sec34``'s TBT reference, seconds: every draw ref x U[0.5, 2.5] lies within Sec. 3.4's TBT SLO range
@@ -106,7 +107,9 @@ def slo_reference(cfg, policy) -> Tuple[float, float]:
     blocks = (base.get("systems") or {}).get("block_size") or {}
     configs = []
     for name in names:
-        ref = {**base, "policy": OmegaConf.to_container(_policy_node(name), resolve=True)}
+        if name not in _POLICY_NODES:  # composing a config costs more than the memoised reference it keys
+            _POLICY_NODES[name] = OmegaConf.to_container(_policy_node(name), resolve=True)
+        ref = {**base, "policy": _POLICY_NODES[name]}
         if name in blocks:  # the reference system pages in its own block size, as in the comparison
             ref["memory"] = {**ref["memory"], "block_size": int(blocks[name])}
         configs.append(OmegaConf.create(ref))

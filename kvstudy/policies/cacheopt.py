@@ -286,8 +286,8 @@ class CacheOPT(StepPolicy):
             # 0 <= RT < T_max + eps, RT = deadline - now: the requests whose deadline is in that window (widened by
             # far more than rounding, then checked exactly)
             for i in waiting.window(now - 1e-6, now + t_max + eps + 1e-6):
-                if 0 <= self._slack(view, i, now) < t_max + eps and (
-                        self.critical_waiting == "any" or view.last_token_time(i) != view.last_token_time(i)):
+                last = view.last_token_time(i)  # nan before the first token
+                if 0 <= self._slack(view, i, now) < t_max + eps and (self.critical_waiting == "any" or last != last):
                     critical.append(i)  # first_token: N_w holds new requests racing their TTFT SLO (Sec. 3.3)
         for i in sorted(critical, key=lambda i: -(self._ctx(view, i) + bs)):
             budget = self._admit(view, st, d, i, budget, hosts, admitted, preempt_until)
@@ -459,7 +459,7 @@ class CacheOPT(StepPolicy):
             want.pop()
         if not cand:
             return
-        pool = max(0, (st.free - st.reserve) * bs)
+        pool = max(0, pool)
         slack = [max(1e-3, self._slack(view, i, now)) for i in cand]
         prompt = [view.prompt[i] for i in cand]
         output = [max(1, self._so[i]) for i in cand]
@@ -478,7 +478,7 @@ class CacheOPT(StepPolicy):
                     st.grown.add(i)
                 d.reserve[i] = (mem.held(i) + blocks) * bs
                 if cut > 0:
-                    self._link(view, st, i, cut, (mem.held(i) + blocks) * bs - self._ctx(view, i))
+                    self._link(view, st, i, cut, d.reserve[i] - self._ctx(view, i))
                 continue
             if st.num_seqs >= self.max_num_seqs:
                 continue

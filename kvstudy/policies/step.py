@@ -93,11 +93,9 @@ class StepView:
     def held_and_context(self) -> List[Tuple[int, int, int]]:
         """(request, tokens its GPU blocks hold, its context: prompt + generated) of every running request past its
         prefill, in running order: one pass, for policies that weigh each request's allocation (CacheOPT)."""
-        clock, gpu, bs = self._clock, self.memory.gpu, self.memory.block_size
-        gen, on, cb, D = clock.gen, clock.on, clock.cb, clock.D
+        generated, gpu, bs = self._clock.generated, self.memory.gpu, self.memory.block_size
         prompt, prefilled, target = self.prompt, self.prefilled, self.prefill_target
-        return [(j, gpu.get(j, 0) * bs, prompt[j] + (gen[j] + D - cb[j] if on[j] else gen[j]))
-                for j in self.running if prefilled[j] >= target[j]]
+        return [(j, gpu.get(j, 0) * bs, prompt[j] + generated(j)) for j in self.running if prefilled[j] >= target[j]]
 
     def in_prefill(self, i: int) -> bool:
         return self.prefilled[i] < self.prefill_target[i]

@@ -34,6 +34,7 @@ from kvstudy.latency.tables import HardwareSpec
 from kvstudy.outputs import is_complete, summarize, write_run
 from kvstudy.paths import CONF_DIR
 from kvstudy.predictors import predict
+from kvstudy.run_context import RunContext, engine_inputs
 from kvstudy.validate import check_config, check_group_choices, options  # noqa: F401 (api.options stays public)
 from kvstudy.workloads.arrivals import arrivals
 from kvstudy.workloads.requests import Requests, make_requests
@@ -53,6 +54,18 @@ def compose(overrides: Iterable[str] = ()) -> DictConfig:
     except (HydraException, OmegaConfBaseException) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ConfigError(f"cannot compose the config from {' '.join(overrides)}: {first}") from None
+
+
+def compose_policy(name: str) -> DictConfig:
+    """conf/policy/<name>.yaml as ``+policy=<name>`` composes it; inside a Hydra app (a sweep's run) through the
+    app's own Hydra (a second initialisation is refused there)."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    if GlobalHydra.instance().is_initialized():
+        from hydra import compose as hydra_compose
+
+        return hydra_compose(config_name="config", overrides=[f"+policy={name}"]).policy
+    return compose([f"+policy={name}"]).policy
 
 
 def _plain(node) -> dict:
@@ -227,11 +240,10 @@ def build_engine(cfg: DictConfig, requests: Requests, predicted: np.ndarray, pol
     return StepEngine(requests, predicted, policy, latency, memory, swap, arch, hw, direction=direction, **common)
 
 
-def simulate(cfg: DictConfig) -> Tuple[EngineResult, dict]:
-    """Run one configuration in memory; returns the engine result and its summary."""
-    started = time.perf_counter()
+def run_context(cfg: DictConfig, latency: bool = True) -> RunContext:
+    """What a run of ``cfg`` builds before its first iteration (requests, predictions, model, hardware, KV capacity,
+    latency model) with the means to run other configs: the argument of a policy's ``before_run`` hook."""
     check_config(cfg)
-    policy = build_policy(cfg)
     arch, hw, capacity, _ = model_setup(cfg, latency=False)
     seed = int(cfg.seed)
     requests, predicted = build_requests(cfg, arch, np.random.SeedSequence(seed))
@@ -242,25 +254,32 @@ def simulate(cfg: DictConfig) -> Tuple[EngineResult, dict]:
                           f"longer than model '{arch.name}' context max_model_len={arch.max_model_len}")
     note = fit_note(arch, hw, capacity)
     if note:
-        warnings.warn(note, stacklevel=2)
-    latency = build_latency(cfg, arch, hw, capacity)
-    prepared = None
-    if callable(getattr(policy, "prepare", None)):  # CacheOPT: SLOs, error ranges, costs (kvstudy/cacheopt/setup.py)
-        from kvstudy.cacheopt.setup import prepare
+        warnings.warn(note, stacklevel=3)
+    return RunContext(cfg=cfg, requests=requests, predicted=predicted, arch=arch, hardware=hw,
+                      latency=build_latency(cfg, arch, hw, capacity) if latency else None, capacity=capacity,
+                      seed=seed, simulate=simulate, build_requests=build_requests, compose_policy=compose_policy,
+                      instantiate=_instantiate)
 
-        prepared = prepare(cfg, policy, requests, predicted, arch, hw, latency, capacity)
+
+def simulate(cfg: DictConfig) -> Tuple[EngineResult, dict]:
+    """Run one configuration in memory; returns the engine result and its summary."""
+    started = time.perf_counter()
+    check_config(cfg)
+    policy = build_policy(cfg)
+    ctx = run_context(cfg)
+    requests, predicted, arch, hw, capacity, latency, seed = (ctx.requests, ctx.predicted, ctx.arch, ctx.hardware,
+                                                              ctx.capacity, ctx.latency, ctx.seed)
+    before, after = getattr(policy, "before_run", None), getattr(policy, "after_run", None)
+    inputs = engine_inputs(policy, before(ctx)) if callable(before) else {}  # kvstudy/run_context.py
     policy.reset(seed)
-    engine = build_engine(cfg, requests, predicted, policy, latency, arch, hw, capacity,
-                          direction=None if prepared is None else prepared["direction"])
+    engine = build_engine(cfg, requests, predicted, policy, latency, arch, hw, capacity, **inputs)
     sim_started = time.perf_counter()
     result = engine.run()
     result.extra = {**result.extra, "policy": cfg.policy.name, "model": arch.name, "hardware": hw.name, "seed": seed,
                     "latency": latency.describe(), "simulate_seconds": round(time.perf_counter() - sim_started, 3),
                     "wall_seconds": round(time.perf_counter() - started, 3)}
-    if prepared is not None:
-        from kvstudy.cacheopt.setup import annotate
-
-        annotate(result, requests, policy, prepared)
+    if callable(after):
+        after(result, ctx)
     return result, summarize(result)
 
 

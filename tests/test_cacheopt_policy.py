@@ -313,9 +313,9 @@ def test_bad_settings_are_named(override, match):
 
 
 def test_cacheopt_cannot_be_its_own_slo_reference():
-    cfg = api.compose(["+policy=cacheopt", "policy.slo.reference=[vllm,cacheopt]"])
+    cfg = api.compose(["+policy=cacheopt", "+demand=high", "workload.num_requests=50", "policy.slo.reference=[vllm,cacheopt]"])
     with pytest.raises(ConfigError, match="cannot be its own SLO reference"):
-        setup.slo_reference(cfg, api.build_policy(cfg))
+        setup.slo_reference(api.run_context(cfg, latency=False), api.build_policy(cfg))
 
 
 def test_step_without_slos_is_a_clear_error():

@@ -50,7 +50,7 @@ def test_direction_classifier_has_the_configured_accuracy():
 def test_fixed_references_skip_the_baseline_runs(monkeypatch):
     monkeypatch.setattr(api, "simulate", None)  # must not be called for the reference
     cfg = api.compose(BASE + ["+policy=cacheopt", "policy.slo.ttft_ref=2.0", "policy.slo.tbt_ref=0.1"])
-    assert setup.slo_reference(cfg, api.build_policy(cfg)) == (2.0, 0.1)
+    assert setup.slo_reference(api.run_context(cfg, latency=False), api.build_policy(cfg)) == (2.0, 0.1)
 
 
 def _frame(rows):

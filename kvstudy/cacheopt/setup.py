@@ -1,4 +1,5 @@
-"""What a CacheOPT run needs before its first iteration (spec B8.2, B8.4, B8.12, B2.7), computed from the run's config.
+"""What a CacheOPT run needs before its first iteration (spec B8.2, B8.4, B8.12, B2.7), computed from the run's config
+and the run's context (kvstudy/run_context.py: the policy's ``before_run`` hook calls :func:`prepare`).
 
 * **Direction** (B8.4): the deviation-direction classifier, right with probability ``policy.direction_accuracy``,
   drawn with its own seed stream (the run's seed, spawn key 11), so the lengths, arrivals and predictions are the
@@ -33,7 +34,9 @@ from kvstudy import preemption_cost
 from kvstudy.errors import ConfigError
 from kvstudy.padding import error_ranges
 from kvstudy.predictors import direction
+from kvstudy.run_context import RunContext
 from kvstudy.slo import draw_slos, reference
+from kvstudy.validate import options
 
 _REFERENCES: Dict[str, Tuple[float, float]] = {}
 _POLICY_NODES: Dict[str, dict] = {}  # reference policy name -> its composed config (plain), once per process
@@ -50,41 +53,30 @@ def _directions(seed: int, true, predicted, accuracy: float) -> np.ndarray:
     return direction(true, predicted, np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(11,))), accuracy)
 
 
-def calibration(cfg, policy, arch, requests, predicted, under) -> dict:
-    from kvstudy import api
-
-    seed = int(cfg.seed)
+def calibration(ctx: RunContext, policy, under) -> dict:
+    cfg, seed = ctx.cfg, ctx.seed
     if cfg.workload.get("num_requests") is None:
-        return error_ranges(requests.output_tokens, predicted, under)
+        return error_ranges(ctx.requests.output_tokens, ctx.predicted, under)
     cal = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     cal.workload.num_requests = int(policy.calibration_requests)
-    req, pred = api.build_requests(cal, arch, np.random.SeedSequence(seed, spawn_key=(12,)))
+    req, pred = ctx.build_requests(cal, ctx.arch, np.random.SeedSequence(seed, spawn_key=(12,)))
     dirs = direction(req.output_tokens, pred, np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(13,))),
                      policy.direction_accuracy)
     return error_ranges(req.output_tokens, pred, dirs)
 
 
-def _policy_node(name: str):
-    """conf/policy/<name>.yaml composed; inside a Hydra app (a sweep's run) through the app's own Hydra."""
-    from hydra.core.global_hydra import GlobalHydra
-
-    from kvstudy import api
-
+def _policy_node(ctx: RunContext, name: str):
+    """conf/policy/<name>.yaml composed (inside a Hydra app, a sweep's run, through the app's own Hydra)."""
     try:
-        if GlobalHydra.instance().is_initialized():
-            from hydra import compose
-
-            return compose(config_name="config", overrides=[f"+policy={name}"]).policy
-        return api.compose([f"+policy={name}"]).policy
+        return ctx.compose_policy(name)
     except Exception:
         raise ConfigError(f"policy.slo.reference names '{name}', which is not a policy "
-                          f"(allowed: {', '.join(api.options('policy'))})") from None
+                          f"(allowed: {', '.join(options('policy'))})") from None
 
 
-def slo_reference(cfg, policy) -> Tuple[float, float]:
+def slo_reference(ctx: RunContext, policy) -> Tuple[float, float]:
     """(TTFT_ref, TBT_ref) for this run's setting (B8.12), from the reference systems' runs."""
-    from kvstudy import api
-
+    cfg = ctx.cfg
     slo = policy.slo
     calibration = slo.get("calibration", "literal")
     if calibration not in CALIBRATIONS:
@@ -108,43 +100,42 @@ def slo_reference(cfg, policy) -> Tuple[float, float]:
     configs = []
     for name in names:
         if name not in _POLICY_NODES:  # composing a config costs more than the memoised reference it keys
-            _POLICY_NODES[name] = OmegaConf.to_container(_policy_node(name), resolve=True)
+            _POLICY_NODES[name] = OmegaConf.to_container(_policy_node(ctx, name), resolve=True)
         ref = {**base, "policy": _POLICY_NODES[name]}
         if name in blocks:  # the reference system pages in its own block size, as in the comparison
             ref["memory"] = {**ref["memory"], "block_size": int(blocks[name])}
         configs.append(OmegaConf.create(ref))
     key = "|".join(OmegaConf.to_yaml(c) for c in configs)  # the runs themselves: equal runs are shared
     if key not in _REFERENCES:
-        _REFERENCES[key] = reference([api.simulate(c)[0].requests for c in configs])
+        _REFERENCES[key] = reference([ctx.simulate(c)[0].requests for c in configs])
     ttft, tbt = _REFERENCES[key]
     return (ttft if slo.get("ttft_ref") is None else float(slo["ttft_ref"]),
             tbt if tbt_fixed is None else float(tbt_fixed))
 
 
-def cost_model(cfg, arch, hw, latency, capacity: int):
-    from kvstudy import api
-
+def cost_model(ctx: RunContext):
+    cfg, arch, hw, latency, capacity = ctx.cfg, ctx.arch, ctx.hardware, ctx.latency, ctx.capacity
     block = int(cfg.memory.get("block_size", 16))
     key = (arch.name, hw.name, OmegaConf.to_yaml(cfg.swap), block, capacity)
     if key not in _COSTS:
         sizes, rec, swp = preemption_cost.measure(latency, arch, hw, min(8192, capacity), arch.max_model_len,
-                                                  swap=api._instantiate(cfg.swap), block_size=block)
+                                                  swap=ctx.instantiate(cfg.swap), block_size=block)
         _COSTS[key] = preemption_cost.fit(sizes, rec, swp)
     return _COSTS[key]
 
 
-def prepare(cfg, policy, requests, predicted, arch, hw, latency, capacity: int) -> dict:
+def prepare(ctx: RunContext, policy) -> dict:
     """Call ``policy.prepare`` and return the engine's extra arguments and what the summary records."""
-    seed = int(cfg.seed)
+    seed, requests, predicted = ctx.seed, ctx.requests, ctx.predicted
     under = _directions(seed, requests.output_tokens, predicted, policy.direction_accuracy)
-    ranges = calibration(cfg, policy, arch, requests, predicted, under)
-    ttft_ref, tbt_ref = slo_reference(cfg, policy)
+    ranges = calibration(ctx, policy, under)
+    ttft_ref, tbt_ref = slo_reference(ctx, policy)
     slo = policy.slo
     low, high = float(slo.get("low", 0.5)), float(slo.get("high", 2.5))
     if slo.get("scale") is not None:
         low = high = float(slo["scale"])
     slo_tft, slo_tbt = draw_slos(requests.prompt_tokens, ttft_ref, tbt_ref, policy.token_budget, seed, low, high)
-    cost = cost_model(cfg, arch, hw, latency, capacity) if policy.strategy == "select" else None
+    cost = cost_model(ctx) if policy.strategy == "select" else None
     policy.prepare(slo_tft, slo_tbt, ranges, cost)
     info = {"slo_reference": {"ttft": ttft_ref, "tbt": tbt_ref, "low": low, "high": high,
                               "calibration": slo.get("calibration", "literal")},

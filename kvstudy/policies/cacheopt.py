@@ -46,7 +46,7 @@ One round per iteration (B9, assembling Sec. 3.3-3.5):
 draws from free KV and the reserve when it runs out). Not modelled: the SLO-checked additions of case Sum M < A'
 beyond the token budget (B8.14: the budget caps them).
 
-The run supplies, through :meth:`prepare` (kvstudy/cacheopt/setup.py): per-request SLOs (kvstudy/slo.py), the
+The run supplies, through :meth:`before_run` and :meth:`prepare` (kvstudy/cacheopt/setup.py): per-request SLOs (kvstudy/slo.py), the
 error ranges (b - a) from a calibration split, and the fitted swap/recompute costs.
 """
 from __future__ import annotations
@@ -121,6 +121,20 @@ class CacheOPT(StepPolicy):
         self.error_ranges = dict(error_ranges)
         self.default_range = max(self.error_ranges.values()) if self.error_ranges else 0.0
         self.cost = cost
+
+    def before_run(self, ctx) -> dict:
+        """The run's preparation hook (kvstudy/run_context.py): SLOs, error ranges and costs computed from the run's
+        context (kvstudy/cacheopt/setup.py), then :meth:`prepare`; the engine receives the direction classifier."""
+        from kvstudy.cacheopt.setup import prepare
+
+        self._prepared = prepare(ctx, self)
+        return {"direction": self._prepared["direction"]}
+
+    def after_run(self, result, ctx) -> None:
+        """Each request's SLOs, direction and padded estimate in the requests table; counters in the summary."""
+        from kvstudy.cacheopt.setup import annotate
+
+        annotate(result, ctx.requests, self, self._prepared)
 
     def reset(self, seed: int) -> None:
         super().reset(seed)

@@ -211,7 +211,8 @@ def _whole(value):
 def build_engine(cfg: DictConfig, requests: Requests, predicted: np.ndarray, policy, latency, arch: ModelArch,
                  hw: HardwareSpec, capacity: int, direction=None):
     """The loop the memory model needs: ``paper`` runs :class:`Engine` (constraint (3), admission-only
-    policies), ``paged`` runs :class:`StepEngine` (blocks, preemption, chunked prefill)."""
+    policies), ``paged`` runs :class:`StepEngine` (blocks, preemption, chunked prefill; the engine adapts an
+    admission-only policy itself: kvstudy/policies/admission.py)."""
     memory = build_memory(cfg, capacity)
     common = dict(stall_limit=int(cfg.engine.stall_limit), max_iterations=int(cfg.engine.max_iterations),
                   progress=bool(cfg.engine.progress))
@@ -233,11 +234,12 @@ def build_engine(cfg: DictConfig, requests: Requests, predicted: np.ndarray, pol
             raise ConfigError(f"engine.{key}=authors_code (set by regime=authors) reproduces the MC-SF authors' scripts on "
                               f"memory=paper; on memory={cfg.memory.name} choose latency=mcsf_authors alone for their "
                               f"batch-time formula")
-    if not preemptive:
-        raise ConfigError(f"policy '{cfg.policy.name}' is admission-only and runs on memory=paper; memory="
-                          f"{cfg.memory.name} needs a preemptive policy (vllm, sarathi)")
+    if cfg.engine.get("raise_prediction_on_eviction"):
+        raise ConfigError(f"engine.raise_prediction_on_eviction=true is the paper loop's Fig. 5 remedy (memory=paper); "
+                          f"memory={cfg.memory.name} keeps a recomputed request's tokens, so it has no such cycle")
     swap = _instantiate(cfg.swap)
-    return StepEngine(requests, predicted, policy, latency, memory, swap, arch, hw, direction=direction, **common)
+    return StepEngine(requests, predicted, policy, latency, memory, swap, arch, hw, direction=direction,
+                      overflow_cost=str(cfg.engine.get("overflow_cost", "batch")), **common)
 
 
 def run_context(cfg: DictConfig, latency: bool = True) -> RunContext:

@@ -37,6 +37,7 @@ from kvstudy.latency.models import VidurLatency
 from kvstudy.engine import (DONE, FUTURE, REJECTED, RUNNING, SWAPPED, WAITING, EngineResult, PolicyError,
                             interrupted_message)
 from kvstudy.memory.paged import NEVER, PagedMemory
+from kvstudy.policies.admission import Admission
 from kvstudy.policies.step import RECOMPUTE, SWAP, Decision, StepPolicy, StepView
 from kvstudy.swap_models import SwapModel, kv_bytes_per_gpu
 from kvstudy.workloads.requests import Requests
@@ -63,10 +64,13 @@ class _Generated:
 class StepEngine:
     def __init__(self, requests: Requests, predicted: np.ndarray, policy: StepPolicy, latency,
                  memory: PagedMemory, swap: SwapModel, arch, hardware, stall_limit: int = 100,
-                 max_iterations: int = 50_000_000, progress: bool = False, direction=None) -> None:
-        if not getattr(policy, "preemptive", False):
-            raise PolicyError(f"policy '{getattr(policy, 'name', policy)}' is admission-only; memory=paged needs a "
-                              f"preemptive policy (vllm, sarathi)")
+                 max_iterations: int = 50_000_000, progress: bool = False, direction=None,
+                 overflow_cost: str = "batch") -> None:
+        if not getattr(policy, "preemptive", False):  # order + admit: the engine adapts it (reset by the caller)
+            policy = Admission(policy)
+        if overflow_cost not in ("batch", "free"):
+            raise PolicyError(f"engine.overflow_cost={overflow_cost!r}: allowed on memory=paged: batch, free")
+        self.overflow_cost = overflow_cost
         self.r, self.policy, self.latency, self.memory, self.swap = requests, policy, latency, memory, swap
         self.pred = np.asarray(predicted, dtype=np.int64)
         self.direction = None if direction is None else np.asarray(direction, dtype=np.int8).tolist()
@@ -193,6 +197,34 @@ class StepEngine:
         if mem.used - freed + need > mem.num_blocks:
             raise PolicyError(f"policy '{name}' needs {mem.used - freed + need} KV blocks after its decision, more "
                               f"than the {mem.num_blocks} the cache has")
+
+    def _clear(self, victims, t: float, log: list, name: str) -> float:
+        """A clearing event (the running requests' next tokens need more blocks than the cache has): recompute the
+        policy's victims, record the event as an ``overflow`` iteration and return its cost in seconds
+        (``overflow_cost``: ``batch``, the latency of the batch that overflowed, which produces no token; ``free``,
+        nothing). Survivors make no progress in it, as in the paper loop (kvstudy/engine.py)."""
+        state, running, mem = self.state, self.running, self.memory
+        seen = set()
+        for i in victims:
+            if not isinstance(i, (int, np.integer)) or not 0 <= i < len(state) or state[i] != RUNNING or i in seen:
+                raise PolicyError(f"policy '{name}' names request {i!r} as an overflow victim: not a running request "
+                                  f"of this run, or named twice")
+            seen.add(i)
+        n_dec, ctx = len(running) - len(self.prefilling), self.decode_ctx
+        dt = 0.0
+        if self.overflow_cost == "batch":
+            if getattr(self.latency, "needs_generated", False):
+                gen_sum = ctx + n_dec - sum(self.s_list[i] for i in running if i not in self.prefilling)
+                dt = float(self.latency.iteration_seconds([], n_dec, ctx, decode_generated_sum=gen_sum))
+            else:
+                dt = float(self.latency.iteration_seconds([], n_dec, ctx))
+        used = mem.used
+        for i in victims:
+            self._preempt(i, RECOMPUTE, t)
+        self.waiting.extendleft(i for i in victims if state[i] == WAITING)
+        log.append((t, dt, n_dec, 0, 0, ctx + n_dec, mem.capacity_tokens, True, len(victims), used, 0,
+                    mem.num_blocks - used, mem.host_used, 0.0, 0, len(victims), 0, 0))
+        return dt
 
     # --- per-request events (few per iteration) -------------------------------------------------------------
     def _preempt(self, i: int, mode: str, t: float) -> str:
@@ -346,7 +378,8 @@ class StepEngine:
             iteration_seconds = self.latency.tables.iteration_ms
         swap_seconds, overlap = self.swap.seconds, self.swap.overlap
         needs_generated = bool(getattr(self.latency, "needs_generated", False))
-        t, step, nxt, no_token, completed = 0.0, 0, 0, 0, 0
+        t, step, nxt, no_token, completed, clearing = 0.0, 0, 0, 0, 0, 0
+        overflow = getattr(self.policy, "overflow", None)  # the engine detects overflow for this policy
         policy_s = 0.0  # wall time inside policy.step (the scheduling overhead CacheOPT's Sec. 5.3 compares)
         status, message = "completed", ""
         bar = None
@@ -374,6 +407,20 @@ class StepEngine:
                 if clock.grow_at.get(clock.D):
                     growing.update(clock.growing())
                 view.step, view.time, view.num_arrived = step, t, nxt
+                if overflow is not None and mem.used + len(growing) > num_blocks:
+                    # an over-committing admission policy (kvstudy/policies/admission.py): a clearing event
+                    dt = self._clear(overflow(view), t, log, name)
+                    t += dt
+                    step += 1
+                    clearing += 1
+                    no_token += 1
+                    if no_token >= self.stall_limit:
+                        status = "no_progress"
+                        message = (f"{no_token} iterations in a row produced no token (engine.stall_limit="
+                                   f"{self.stall_limit}): policy '{name}' keeps overflowing memory ({clearing} "
+                                   f"clearing events)")
+                        break
+                    continue
                 t0 = perf_counter()
                 d = self.policy.step(view)
                 policy_s += perf_counter() - t0
@@ -530,6 +577,7 @@ class StepEngine:
         if status == "completed" and rejected:
             message = f"{rejected} request(s) rejected (see reject_reason)"
         result = self._result(log, status, message)
+        result.clearing_events = clearing
         result.extra["tbt_pooled"] = self._pooled_tbt()
         result.extra["policy_seconds"] = round(policy_s, 4)
         result.extra["policy_us_per_iteration"] = round(1e6 * policy_s / max(1, len(log)), 2)

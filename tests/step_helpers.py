@@ -3,6 +3,7 @@ from kvstudy.latency.models import LinearLatency
 from kvstudy.latency.tables import HardwareSpec
 from kvstudy.memory import PagedMemory
 from kvstudy.paths import load_model_arch
+from kvstudy.policies.step import StepPolicy
 from kvstudy.step_engine import StepEngine
 from kvstudy.swap_models import PcieSwap
 
@@ -27,3 +28,39 @@ def step_engine(req, policy, capacity=16, block_size=4, watermark=0.0, swap_spac
                          decode_block_check=decode_block_check)
     return StepEngine(req, req.output_tokens if predicted is None else predicted, policy, latency, memory, swap or PcieSwap(), ARCH, HW,
                       stall_limit=stall_limit, direction=direction)
+
+
+class Recorder(StepPolicy):
+    """Wraps a policy and checks, at every step, what the engine shows it: blocks held cover each running
+    request's context, and a preempted request comes back with exactly the tokens it had generated."""
+
+    def __init__(self, inner):
+        self.inner, self.name = inner, inner.name
+        self.at_preemption = {}
+        if callable(getattr(inner, "prepare", None)):  # CacheOPT's SLOs pass through
+            self.prepare = inner.prepare
+        if callable(getattr(inner, "overflow", None)):  # an adapted admission policy: the engine detects overflow
+            self.overflow = self._overflow
+
+    def _overflow(self, view):
+        victims = self.inner.overflow(view)
+        for i in victims:
+            self.at_preemption[i] = view.generated[i]
+        return victims
+
+    def reset(self, seed):
+        self.inner.reset(seed)
+        self.at_preemption = {}
+
+    def step(self, view):
+        mem = view.memory
+        for i in view.running:
+            ctx = view.prefilled[i] if view.in_prefill(i) else view.prompt[i] + view.generated[i] - 1
+            assert mem.held(i) >= mem.blocks(ctx)
+        assert mem.used <= mem.num_blocks and mem.host_used <= mem.host_blocks_total
+        d = self.inner.step(view)
+        for i in d.swap_in + [i for i, _ in d.prefill if i in self.at_preemption]:
+            assert view.generated[i] == self.at_preemption.pop(i)
+        for i, _ in d.preempt:
+            self.at_preemption[i] = view.generated[i]
+        return d

@@ -21,42 +21,53 @@ def build(name):
     return api.build_policy(api.compose([f"+policy={name}"]))
 
 
+def memories(name):
+    """The memory models a policy runs on: preemptive ones on paged memory only; admission-only ones on both (the
+    engine adapts them to paged memory, kvstudy/policies/admission.py)."""
+    return ["paged"] if getattr(build(name), "preemptive", False) else ["paper", "paged"]
+
+
+CASES = [(name, memory) for name in POLICIES for memory in memories(name)]
+
+
 def instance(seed):
     rng = np.random.default_rng(seed)
     n = 60
     return make_instance(rng.integers(1, 8, n), rng.integers(1, 40, n), np.sort(rng.uniform(0, 30, n)))
 
 
-def run(policy, req, seed=0):
-    if getattr(policy, "preemptive", False):  # memory=paged: the same 80 tokens in blocks of 4
+def run(policy, req, seed=0, memory="paged"):
+    if memory == "paged":  # the same 80 tokens in blocks of 4
         return step_engine(req, policy, capacity=80, block_size=4, latency=UnitLatency(), stall_limit=200,
                            seed=seed).run()
     policy.reset(seed)
     return Engine(req, req.output_tokens, policy, UnitLatency(), 80, stall_limit=200).run()
 
 
-@pytest.mark.parametrize("name", POLICIES)
-def test_builds_and_finishes(name):
+@pytest.mark.parametrize("name,memory", CASES)
+def test_builds_and_finishes(name, memory):
     policy = build(name)
     assert isinstance(policy, (Policy, StepPolicy)) and policy.name
     for seed in range(3):
-        res = run(policy, instance(seed))
+        res = run(policy, instance(seed), memory=memory)
         # clear-all heuristics may legitimately cycle (the paper's "infinite loops"): that must end in a status
         assert res.status in ("completed", "no_progress"), res.message
         if name in ("mcsf", "mc_benchmark", "fcfs_watermark", "vllm", "sarathi"):
             assert res.status == "completed" and (res.requests["state"] == "done").all()
         ok = ~res.iterations["overflow"]
         assert (res.iterations.loc[ok, "kv_tokens_in_use"] <= 80).all()
+        if memory == "paged":
+            assert (res.iterations["blocks_used"] <= 20).all()
 
 
-@pytest.mark.parametrize("name", POLICIES)
-def test_deterministic_pickles_and_keeps_no_state(name):
+@pytest.mark.parametrize("name,memory", CASES)
+def test_deterministic_pickles_and_keeps_no_state(name, memory):
     req = instance(7)
-    first = run(build(name), req).requests
+    first = run(build(name), req, memory=memory).requests
     policy = build(name)
-    run(policy, instance(8))  # a different run first: nothing may carry over
-    assert run(policy, req).requests.equals(first)
-    assert run(pickle.loads(pickle.dumps(build(name))), req).requests.equals(first)
+    run(policy, instance(8), memory=memory)  # a different run first: nothing may carry over
+    assert run(policy, req, memory=memory).requests.equals(first)
+    assert run(pickle.loads(pickle.dumps(build(name))), req, memory=memory).requests.equals(first)
 
 
 def test_fcfs_watermark_preempts_newest_until_fit():

@@ -14,7 +14,7 @@ from kvstudy.policies.rr_sjf import SJF, RoundRobin, RRSJF
 from kvstudy.policies.vllm import VLLM, Sarathi
 from kvstudy.swap_models import PcieSwap, VllmBlocksSwap
 from tests.conftest import make_instance
-from tests.step_helpers import ARCH, HW, step_engine
+from tests.step_helpers import ARCH, HW, Recorder, step_engine
 
 
 def two_requests():
@@ -103,34 +103,6 @@ class ForcedWalk(VLLM):
             decode = [i for i in view.running if i not in view.prefilling and i not in preempted] + list(d.swap_in)
             d = Decision(preempt=list(d.preempt), swap_in=list(d.swap_in), prefill=list(d.prefill), decode=decode,
                          reserve=dict(d.reserve))
-        return d
-
-
-class Recorder(StepPolicy):
-    """Wraps a policy and checks, at every step, what the engine shows it: blocks held cover each running
-    request's context, and a preempted request comes back with exactly the tokens it had generated."""
-
-    def __init__(self, inner):
-        self.inner, self.name = inner, inner.name
-        self.at_preemption = {}
-        if callable(getattr(inner, "prepare", None)):  # CacheOPT's SLOs pass through
-            self.prepare = inner.prepare
-
-    def reset(self, seed):
-        self.inner.reset(seed)
-        self.at_preemption = {}
-
-    def step(self, view):
-        mem = view.memory
-        for i in view.running:
-            ctx = view.prefilled[i] if view.in_prefill(i) else view.prompt[i] + view.generated[i] - 1
-            assert mem.held(i) >= mem.blocks(ctx)
-        assert mem.used <= mem.num_blocks and mem.host_used <= mem.host_blocks_total
-        d = self.inner.step(view)
-        for i in d.swap_in + [i for i, _ in d.prefill if i in self.at_preemption]:
-            assert view.generated[i] == self.at_preemption.pop(i)
-        for i, _ in d.preempt:
-            self.at_preemption[i] = view.generated[i]
         return d
 
 
@@ -260,9 +232,7 @@ def test_policy_and_memory_must_match():
     with pytest.raises(ConfigError, match="needs memory=paged"):
         api.simulate(api.compose(["+policy=vllm", "memory=paper", "+demand=high", "latency=linear",
                                   "workload.num_requests=5", "engine.progress=false"]))
-    with pytest.raises(ConfigError, match="admission-only"):
-        api.simulate(api.compose(["+policy=mcsf", "memory=paged", "+demand=high", "latency=linear",
-                                  "workload.num_requests=5", "engine.progress=false"]))
+    # an admission-only policy runs on paged memory through the engine's adapter (tests/test_admission_paged.py)
     with pytest.raises(ConfigError, match="policy.preemption_mode='both'"):
         api.build_policy(api.compose(["+policy=vllm", "policy.preemption_mode=both"]))
 

@@ -26,6 +26,11 @@ class SchedulerView:
     a policy pays only for the fields it reads (``head_prompts(k)`` reads just the head of the queue).
     """
 
+    #: None: the MC-SF paper's token-granular memory (constraint (3): an admission round is not charged). A number:
+    #: paged memory in blocks of that many tokens (the engine's adapter, kvstudy/policies/admission.py): a request's
+    #: KV is charged in whole blocks (``kv_need``), its prefill iteration included
+    block_size: Optional[int] = None
+
     ARRAYS = ("waiting_ids", "waiting_prompt", "waiting_predicted", "waiting_arrival", "running_ids",
               "running_prompt", "running_generated", "running_predicted", "running_arrival")
 
@@ -43,6 +48,11 @@ class SchedulerView:
     @property
     def num_waiting(self) -> int:
         return len(self.waiting_ids)
+
+    def kv_need(self, tokens):
+        """The KV ``tokens`` of context occupy: themselves on the paper's memory, whole blocks on paged memory."""
+        bs = self.block_size
+        return tokens if bs is None or bs == 1 else -(-tokens // bs) * bs
 
     def head_prompts(self, k: int) -> np.ndarray:
         """Prompt lengths of the first ``k`` waiting requests (arrival order), without building the rest."""

@@ -8,6 +8,10 @@ fails the check ("Break the for loop" in both algorithms).
 ``admission``: ``paper`` (default) checks eq. (5) as the paper writes it; ``authors_code`` checks what the
 authors' real-data scripts (``MC-SF.py``, ``MC-Benchmark.py``) check, with ``avg_batch_time`` standing for their
 undefined ``average_batch_processing_time`` (``AuthorsCheck``; docs/authors_code.md).
+
+On paged memory (``memory=paged``, through kvstudy/policies/admission.py) eq. (5) is checked in whole blocks with the
+prefill iteration charged (``BlockFutureMemory``); ``admission=authors_code`` counts tokens as the scripts do and is
+refused there.
 """
 from __future__ import annotations
 
@@ -15,7 +19,7 @@ import numpy as np
 
 from kvstudy.errors import ConfigError
 from kvstudy.policies.base import Policy, SchedulerView, fifo_order, shortest_predicted_order
-from kvstudy.policies.memory_check import AuthorsCheck, FutureMemory, running_terms
+from kvstudy.policies.memory_check import AuthorsCheck, BlockFutureMemory, FutureMemory, running_terms
 
 
 class PrefixFutureMemoryPolicy(Policy):
@@ -38,6 +42,8 @@ class PrefixFutureMemoryPolicy(Policy):
 
     def _memory(self, view: SchedulerView, budget: int):
         w, d = running_terms(view)
+        if view.block_size is not None:  # paged memory: eq. (5) in whole blocks, the prefill iteration charged
+            return BlockFutureMemory(budget, w, d, view.block_size, view.running_kv_tokens // view.block_size)
         if self.admission == "authors_code":
             return AuthorsCheck(budget, w, d, float(view.time), self.avg_batch_time)
         return FutureMemory(budget, w, d)

@@ -114,3 +114,55 @@ class AuthorsCheck:
 
     def try_add(self, prompt: int, predicted: int) -> bool:
         return self.memory.try_add(prompt, predicted + 1)
+
+
+class BlockFutureMemory:
+    """Eq. (5) on paged memory (issue 34): each request's KV rounded up to whole blocks, and the current iteration
+    charged (a prefill holds its prompt's blocks while it runs, unlike the paper's constraint (3)).
+
+    Same terms as :class:`FutureMemory` (a running request holds ``w + tau`` tokens at point tau while tau <= d; a new
+    one ``w + tau`` from its prefill at tau = 0), but memory at a point is sum(ceil((w_i + tau) / block_size)) blocks,
+    against ``budget // block_size``. Each term is non-decreasing in tau, so memory still peaks at completion points:
+    checking tau = 0 and every d_j suffices, as after eq. (6). Point 0 starts from ``now_blocks``, the blocks the
+    running requests need this iteration (so a request past its predicted end still counts now). Cost per
+    candidate: O(K) for K points, plus O(N) when it adds a point (N requests kept)."""
+
+    def __init__(self, budget: int, running_w: np.ndarray, running_d: np.ndarray, block_size: int,
+                 now_blocks: int) -> None:
+        self.bs = int(block_size)
+        self.capacity = int(budget) // self.bs
+        keep = running_d >= 1
+        self.w = running_w[keep].astype(np.int64)
+        self.d = running_d[keep].astype(np.int64)
+        self.now = int(now_blocks)
+        self.pts = np.unique(self.d)
+        bs = self.bs
+        # blocks at each point: requests active there (d >= point), each ceil((w + point) / bs)
+        self.mem = np.array([int(((self.w[self.d >= p] + p + bs - 1) // bs).sum()) for p in self.pts.tolist()],
+                            dtype=np.int64)
+
+    def fits(self) -> bool:
+        return self.now <= self.capacity and bool(len(self.mem) == 0 or self.mem.max() <= self.capacity)
+
+    def try_add(self, w: int, d: int) -> bool:
+        """Add a request whose prefill of w tokens starts now and that then decodes d more rounds, if eq. (5) in
+        blocks still holds at tau = 0 and at every point."""
+        bs = self.bs
+        now = self.now + (w + bs - 1) // bs
+        if now > self.capacity:
+            return False
+        at_pts = self.mem + np.where(self.pts <= d, (w + self.pts + bs - 1) // bs, 0)
+        if len(at_pts) and at_pts.max() > self.capacity:
+            return False
+        if d >= 1:
+            idx = int(np.searchsorted(self.pts, d))
+            if idx == len(self.pts) or self.pts[idx] != d:
+                at_d = int(((self.w[self.d >= d] + d + bs - 1) // bs).sum()) + (w + d + bs - 1) // bs
+                if at_d > self.capacity:
+                    return False
+                at_pts = np.insert(at_pts, idx, at_d)
+                self.pts = np.insert(self.pts, idx, d)
+            self.w = np.append(self.w, w)
+            self.d = np.append(self.d, d)
+        self.mem, self.now = at_pts, now
+        return True

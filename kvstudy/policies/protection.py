@@ -7,7 +7,9 @@ that does not fit. On an overflow all running requests are cleared (sent back un
 *alpha-protection beta-clearing*: the same admission; on an overflow each running request is cleared
 independently with probability beta (possibly none, in which case the overflow repeats next round).
 
-KV use here is the running requests' memory in this round, sum(s + j + 1), as the engine charges it.
+KV use here is the running requests' memory in this round, sum(s + j + 1), as the engine charges it; on paged memory
+(kvstudy/policies/admission.py) each term is rounded up to whole blocks (``view.kv_need``) and a prompt's need
+s + 1 is charged in blocks as well.
 
 ``admission=authors_code`` runs what the authors' scripts (``alpha-greedy.py``, ``alpha-beta.py``) run instead of
 Sec. 5.2's text: when the running requests' KV is at most (1 - alpha) M, *every* waiting prompt is admitted in
@@ -52,10 +54,10 @@ class AlphaProtection(Policy):
             return np.arange(view.num_waiting if self._authors_open(view) else 0)
         budget = (1.0 - self.alpha) * view.capacity - view.running_kv_tokens
         k, total = 8, view.num_waiting
-        if total == 0 or view.head_prompts(1)[0] + 1 > budget:  # the common case under load: nothing fits
+        if total == 0 or view.kv_need(view.head_prompts(1)[0] + 1) > budget:  # the common case under load: nothing fits
             return np.empty(0, dtype=np.int64)
         while True:
-            need = np.cumsum(view.head_prompts(k) + 1)
+            need = np.cumsum(view.kv_need(view.head_prompts(k) + 1))
             taken = int(np.searchsorted(need, budget, side="right"))
             if taken < len(need) or k >= total:
                 return np.arange(taken)
@@ -65,7 +67,7 @@ class AlphaProtection(Policy):
         if self.admission == "authors_code":
             return order if self._authors_open(view) else order[:0]
         budget = (1.0 - self.alpha) * view.capacity - view.running_kv_tokens
-        need = np.cumsum(view.waiting_prompt[order] + 1)
+        need = np.cumsum(view.kv_need(view.waiting_prompt[order] + 1))
         return order[: int(np.searchsorted(need, budget, side="right"))]
 
     def _authors_open(self, view: SchedulerView) -> bool:
@@ -94,7 +96,7 @@ class FCFSWatermark(AlphaProtection):
         self.name = "fcfs_watermark"
 
     def on_overflow(self, view: SchedulerView) -> np.ndarray:
-        need = view.running_prompt + view.running_generated + 1
+        need = view.kv_need(view.running_prompt + view.running_generated + 1)
         newest_first = np.lexsort((-view.running_ids, -view.running_arrival))
         freed = np.cumsum(need[newest_first])
         excess = int(need.sum()) - view.capacity

@@ -1,0 +1,127 @@
+"""Admission-only policies (MC-SF, MC-Benchmark, alpha-protection, fcfs_watermark) on paged memory through the
+engine's adapter (kvstudy/policies/admission.py, issue 34): hand-worked schedules (eq. (5) in blocks; a clearing
+event and its cost), and the engine's invariants on random instances, exact and under-predicted."""
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from kvstudy import api
+from kvstudy.errors import ConfigError
+from kvstudy.policies.admission import Admission
+from kvstudy.policies.base import Policy
+from kvstudy.policies.mcsf import MCSF, MCBenchmark
+from kvstudy.policies.memory_check import BlockFutureMemory
+from kvstudy.policies.protection import AlphaProtection, FCFSWatermark
+from tests.conftest import make_instance
+from tests.step_helpers import Recorder, step_engine
+
+
+def times(res):
+    return res.requests[["first_token_time", "completion_time", "preemptions"]].values.tolist()
+
+
+def test_mcsf_counts_eq5_in_blocks():
+    """A: prompt 4, output 3; B: prompt 4, output 2; both at 0; one-second iterations. In 12 tokens of blocks of 4
+    (3 blocks) MC-SF takes B first (shorter); A would need 1 + 1 blocks now but B's and A's first decodes need 2 + 2
+    blocks at the next point: 4 > 3, so A waits one iteration, then fits (B's last token is in that iteration, d = 0).
+    In blocks of 1 (12 tokens) both fit at once: 5 + 5 tokens at the next point."""
+    req = make_instance(np.array([4, 4]), np.array([3, 2]))
+    assert times(step_engine(req, MCSF(), capacity=12, block_size=4).run()) == [[2.0, 4.0, 0], [1.0, 2.0, 0]]
+    assert times(step_engine(req, MCSF(), capacity=12, block_size=1).run()) == [[1.0, 3.0, 0], [1.0, 2.0, 0]]
+
+
+@pytest.mark.parametrize("cost,done", [("batch", [8.0, 13.0]), ("free", [7.0, 12.0])])
+def test_alpha_greedy_overflow_is_a_clearing_event(cost, done):
+    """Two requests of prompt 3, output 7, in 3 blocks of 4 with alpha = 0: each charged ceil(4 / 4) = 1 block x 4
+    tokens, both start. At their third token (context 5) both need a second block: 4 > 3, an overflow; alpha-greedy
+    clears both (recompute, 2 + 2 - 1 = 4 KV tokens dropped each). Then each restart needs ceil(6 / 4) x 4 = 8 tokens:
+    one at a time. ``batch`` charges the event the overflowing batch's second, ``free`` nothing."""
+    req = make_instance(np.array([3, 3]), np.array([7, 7]))
+    engine = step_engine(req, AlphaProtection(alpha=0.0), capacity=12, block_size=4)
+    engine.overflow_cost = cost
+    res = engine.run()
+    q, it = res.requests, res.iterations
+    assert res.status == "completed" and res.clearing_events == 1
+    assert q.completion_time.tolist() == done and q.recomputed_tokens.tolist() == [4, 4]
+    event = it[it.overflow]
+    assert len(event) == 1 and event.cleared.item() == 2 and event.start.item() == 2.0
+    assert event.duration.item() == (1.0 if cost == "batch" else 0.0) and event.kv_tokens_in_use.item() == 10
+
+
+def test_block_future_memory_against_brute_force():
+    rng = np.random.default_rng(5)
+    for _ in range(300):
+        bs = int(rng.choice([1, 2, 4, 16]))
+        w, d = rng.integers(1, 60, 6), rng.integers(-2, 12, 6)
+        now = int(((w + bs - 1) // bs).sum())
+        budget = int(rng.integers(now * bs, now * bs + 200))
+        mem = BlockFutureMemory(budget, w, d, bs, now)
+        kept = [(int(a), int(b)) for a, b in zip(w, d) if b >= 1]
+        added = []
+        for _ in range(5):
+            cw, cd = int(rng.integers(1, 60)), int(rng.integers(0, 12))
+            terms = kept + added + [(cw, cd)]
+            ok = now + sum(-(-x // bs) for x, _ in added) + -(-cw // bs) <= budget // bs and all(
+                sum(-(-(x + tau) // bs) for x, y in terms if y >= tau) <= budget // bs for tau in range(1, 13))
+            assert mem.try_add(cw, cd) == ok
+            if ok:
+                added.append((cw, cd))
+
+
+class Lazy(Policy):
+    """A new idea written as order + admit, nothing else: the engine adapts it."""
+
+    name = "lazy"
+
+    def order(self, view):
+        return np.argsort(view.waiting_prompt, kind="stable")
+
+    def admit(self, view, order):
+        room = view.capacity - view.running_kv_tokens
+        need = np.cumsum(view.kv_need(view.waiting_prompt[order] + 1))
+        return order[: int(np.searchsorted(need, room, side="right"))]
+
+
+FAMILY = [MCSF, MCBenchmark, lambda: AlphaProtection(alpha=0.3, beta=0.5), FCFSWatermark, Lazy,
+          lambda: AlphaProtection(alpha=0.1)]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), which=st.integers(0, len(FAMILY) - 1), block=st.sampled_from([1, 2, 4, 8]),
+       under=st.booleans())
+def test_invariants_on_random_instances(seed, which, block, under):
+    """Blocks never above capacity, tokens kept across preemption (the engine's Recorder checks), every request done
+    or rejected with a reason (a clear-all heuristic may instead cycle: then the run ends no_progress), determinism."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 25))
+    req = make_instance(rng.integers(1, 20, n), rng.integers(1, 30, n), np.sort(rng.uniform(0, 10, n)))
+    predicted = np.maximum(1, req.output_tokens // 2) if under else None
+
+    def run():
+        policy = Recorder(Admission(FAMILY[which]()))
+        engine = step_engine(req, policy, capacity=64, block_size=block, predicted=predicted, stall_limit=60)
+        return engine, policy, engine.run()
+
+    engine, policy, res = run()
+    q, it = res.requests, res.iterations
+    assert (it.blocks_used <= engine.memory.num_blocks).all() and (it.blocks_free >= 0).all()
+    if res.status != "completed":  # only a policy that clears on overflow can keep overflowing
+        assert res.status == "no_progress" and it.overflow.any(), res.message
+    else:
+        assert set(q.state) <= {"done", "rejected"}
+        assert (q.loc[q.state == "rejected", "reject_reason"] != "").all()
+        assert not {i for i in policy.at_preemption if q.state[i] != "rejected"}
+        if not under and which in (0, 1):  # exact predictions: eq. (5) never over-commits
+            assert not it.overflow.any()
+    _, _, again = run()
+    assert again.requests.equals(q) and again.iterations.equals(it)
+
+
+def test_through_the_api_and_refusals():
+    base = ["+demand=high", "latency=linear", "workload.num_requests=40", "engine.progress=false", "memory=paged"]
+    result, summary = api.simulate(api.compose(["+policy=mcsf"] + base))
+    assert result.status == "completed" and "blocks_used" in result.iterations
+    with pytest.raises(ConfigError, match="admission=authors_code checks memory in tokens"):
+        api.simulate(api.compose(["+policy=mcsf", "policy.admission=authors_code"] + base))
+    with pytest.raises(ConfigError, match="raise_prediction_on_eviction=true is the paper loop"):
+        api.simulate(api.compose(["+policy=mcsf", "engine.raise_prediction_on_eviction=true"] + base))

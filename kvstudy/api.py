@@ -26,9 +26,8 @@ from omegaconf import DictConfig, OmegaConf
 from kvstudy.arch import ModelArch
 from kvstudy.atomic import write_text_atomic
 from kvstudy.capacity import fit_note, resolve_capacity
-from kvstudy.engine import Engine, EngineResult
+from kvstudy.states import EngineResult
 from kvstudy.errors import ConfigError
-from kvstudy.memory import PaperMemory
 from kvstudy.step_engine import StepEngine
 from kvstudy.latency.tables import HardwareSpec
 from kvstudy.outputs import is_complete, summarize, write_run
@@ -209,37 +208,34 @@ def _whole(value):
 
 
 def build_engine(cfg: DictConfig, requests: Requests, predicted: np.ndarray, policy, latency, arch: ModelArch,
-                 hw: HardwareSpec, capacity: int, direction=None):
-    """The loop the memory model needs: ``paper`` runs :class:`Engine` (constraint (3), admission-only
-    policies), ``paged`` runs :class:`StepEngine` (blocks, preemption, chunked prefill; the engine adapts an
-    admission-only policy itself: kvstudy/policies/admission.py)."""
+                 hw: HardwareSpec, capacity: int, direction=None) -> StepEngine:
+    """The one loop (kvstudy/step_engine.py) on the config's memory model: ``paper`` (constraint (3), tokens,
+    admission-only policies) or ``paged`` (blocks, preemption, chunked prefill; an admission-only policy runs through
+    the engine's adapter, kvstudy/policies/admission.py). The MC-SF authors' loop settings apply to ``paper`` only."""
     memory = build_memory(cfg, capacity)
-    common = dict(stall_limit=int(cfg.engine.stall_limit), max_iterations=int(cfg.engine.max_iterations),
-                  progress=bool(cfg.engine.progress))
-    preemptive = bool(getattr(policy, "preemptive", False))
-    if isinstance(memory, PaperMemory):
-        if preemptive:
-            raise ConfigError(f"policy '{cfg.policy.name}' preempts and needs memory=paged (memory=paper is the MC-SF "
-                              f"paper's admission-only model)")
-        return Engine(requests, predicted, policy, latency, capacity,
-                      overflow_cost=str(cfg.engine.get("overflow_cost", "batch")),
-                      raise_prediction_on_eviction=cfg.engine.get("raise_prediction_on_eviction", False),
-                      arrivals=cfg.engine.get("arrivals", "paper"), max_batch=_whole(cfg.engine.get("max_batch")),
-                      **common)
-    if cfg.engine.get("max_batch") is not None:
-        raise ConfigError(f"engine.max_batch={cfg.engine.max_batch} applies to memory=paper (the MC-SF authors' batch cap); "
-                          f"on memory={cfg.memory.name} a policy caps its own batch (policy.max_num_seqs)")
-    for key in ("arrivals", "overflow_cost"):  # the authors' event order and clearing cost: the paper loop's only
-        if cfg.engine.get(key) == "authors_code":
-            raise ConfigError(f"engine.{key}=authors_code (set by regime=authors) reproduces the MC-SF authors' scripts on "
-                              f"memory=paper; on memory={cfg.memory.name} choose latency=mcsf_authors alone for their "
-                              f"batch-time formula")
-    if cfg.engine.get("raise_prediction_on_eviction"):
-        raise ConfigError(f"engine.raise_prediction_on_eviction=true is the paper loop's Fig. 5 remedy (memory=paper); "
-                          f"memory={cfg.memory.name} keeps a recomputed request's tokens, so it has no such cycle")
-    swap = _instantiate(cfg.swap)
-    return StepEngine(requests, predicted, policy, latency, memory, swap, arch, hw, direction=direction,
-                      overflow_cost=str(cfg.engine.get("overflow_cost", "batch")), **common)
+    engine = cfg.engine
+    if memory.convention == "paper" and getattr(policy, "preemptive", False):
+        raise ConfigError(f"policy '{cfg.policy.name}' preempts and needs memory=paged (memory=paper is the MC-SF "
+                          f"paper's admission-only model)")
+    if memory.convention != "paper":
+        if engine.get("max_batch") is not None:
+            raise ConfigError(f"engine.max_batch={engine.max_batch} applies to memory=paper (the MC-SF authors' batch "
+                              f"cap); on memory={cfg.memory.name} a policy caps its own batch (policy.max_num_seqs)")
+        for key in ("arrivals", "overflow_cost"):  # the authors' event order and clearing cost: the paper model's only
+            if engine.get(key) == "authors_code":
+                raise ConfigError(f"engine.{key}=authors_code (set by regime=authors) reproduces the MC-SF authors' "
+                                  f"scripts on memory=paper; on memory={cfg.memory.name} choose latency=mcsf_authors "
+                                  f"alone for their batch-time formula")
+        if engine.get("raise_prediction_on_eviction"):
+            raise ConfigError(f"engine.raise_prediction_on_eviction=true is the paper loop's Fig. 5 remedy (memory="
+                              f"paper); memory={cfg.memory.name} keeps a recomputed request's tokens, so it has no "
+                              f"such cycle")
+    return StepEngine(requests, predicted, policy, latency, memory, _instantiate(cfg.swap), arch, hw,
+                      direction=direction, stall_limit=int(engine.stall_limit),
+                      max_iterations=int(engine.max_iterations), progress=bool(engine.progress),
+                      overflow_cost=str(engine.get("overflow_cost", "batch")), arrivals=engine.get("arrivals", "paper"),
+                      max_batch=_whole(engine.get("max_batch")),
+                      raise_prediction_on_eviction=engine.get("raise_prediction_on_eviction", False))
 
 
 def run_context(cfg: DictConfig, latency: bool = True) -> RunContext:

@@ -44,7 +44,10 @@ class DecodeClock:
         return self.gen[i] + self.D - self.cb[i] if self.on[i] else self.gen[i]
 
     def _next_growth(self, i: int, g: int) -> None:
-        """Schedule the first count at which request i (g tokens now) needs a block beyond what it holds."""
+        """Schedule the first count at which request i (g tokens now) needs a block beyond what it holds (never
+        with ``block_size`` 0: memory counted in aggregate, the paper's model)."""
+        if not self.bs:
+            return
         g_star = max(g, self.held.get(i, 0) * self.bs - self.s[i] + 1)
         if g_star < self.o[i]:  # the last decode runs with o - 1 tokens
             self.grow_at[self.D + g_star - g].append(i)

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from kvstudy.atomic import write_atomic, write_text_atomic
-from kvstudy.engine import EngineResult
+from kvstudy.states import EngineResult
 
 
 def _stats(values: pd.Series) -> dict:

@@ -1,27 +1,42 @@
-"""kvstudy's preemptive iteration loop (``memory=paged``): paged KV blocks, recompute and swap, chunked
-prefill. The engine owns time and KV accounting; the policy decides (``kvstudy/policies/step.py``).
+"""kvstudy's one iteration loop (issue 34): arrivals, the iteration, its time, token stamps and the run's records,
+for every policy on every memory model it can run on. The engine owns time and KV accounting; the policy decides.
+
+Pieces the loop calls (each with one job):
+
+* the memory model (``memory`` group): :class:`~kvstudy.memory.paper.PaperMemory` (the MC-SF paper's constraint (3):
+  tokens counted in aggregate, the admission round free, over-commitment possible) or
+  :class:`~kvstudy.memory.paged.PagedMemory` (vLLM's blocks, watermark, reservations, host swap space). It fixes
+  the token convention (``memory.convention``): ``paper``, o decode rounds after the prompt's round and an eviction
+  restarts the request; ``vllm``, o tokens with the first from the prefill and a recompute keeps them;
+* the policy: a step policy (kvstudy/policies/step.py: ``step(view) -> Decision``), or an admission-only one
+  (kvstudy/policies/base.py: ``order`` + ``admit``) that the loop adapts itself (kvstudy/policies/admission.py);
+* the latency model: the iteration's seconds for its exact batch; the swap model: seconds of KV copies;
+* the decode clock (kvstudy/decode_clock.py): the requests decoding every iteration, counted in O(1);
+* the records (kvstudy/records.py): the tables in the memory model's convention.
 
 One iteration:
 
-1. Requests that have arrived by the clock join the waiting queue.
-2. The policy returns a :class:`~kvstudy.policies.step.Decision`; ``_apply`` validates all of it before
-   changing anything, then carries it out in the order preempt, swap in, prefill, decode, through the
-   memory model (:class:`~kvstudy.memory.paged.PagedMemory`): a recompute victim drops its KV and goes
-   to the front of the waiting queue (vLLM's ``extendleft``), a swap victim's blocks move to host space
-   (or, when that is full, it is recomputed instead and ``swap_fallbacks`` counts it).
-3. Its time is Vidur's prediction for that exact batch (each prefill chunk with the context before it,
-   each decode with its cached context; a recompute is a prefill of prompt + generated tokens) plus the
-   swap model's seconds for the blocks moved (or the longer of the two when ``swap.overlap``).
-4. Tokens are stamped with the iteration's end. A prefill's last chunk produces a request's next token;
-   a decode produces one. A request of output o is done after its o-th token (vLLM's convention: first
-   token from the prefill, o - 1 decodes), and its blocks are freed.
+1. Requests that have arrived by the clock join the waiting queue (``arrivals=authors_code``: the MC-SF authors'
+   event order on ties, memory=paper only). Idle, the clock jumps to the next arrival.
+2. Overflow (a policy with an ``overflow`` hook, i.e. an adapted admission policy): when the running requests' need
+   for this iteration exceeds the memory, the policy names victims, the engine evicts them by recompute and records a
+   clearing event at ``overflow_cost`` (kvstudy/engine.py's docstring: the paper's conventions).
+3. The policy returns a :class:`~kvstudy.policies.step.Decision`; ``_check`` validates all of it before changing
+   anything (on paged memory: blocks after the decision within capacity), then it is carried out in the order
+   preempt, swap in, prefill, decode: a recompute victim drops its KV and goes to the front of the waiting queue
+   (vLLM's ``extendleft``), a swap victim's blocks move to host space (or, when that is full, it is recomputed
+   instead and ``swap_fallbacks`` counts it).
+4. Its time is the latency model's prediction for that exact batch (each prefill chunk with the context before
+   it, each decode with its cached context; a recompute is a prefill of prompt + generated tokens) plus the swap
+   model's seconds for the blocks moved (or the longer of the two when ``swap.overlap``).
+5. Tokens are stamped with the iteration's end (with its start under ``latency=unit`` on the paper's memory: the
+   round's index). A prefill's last chunk produces a request's next token; a decode produces one.
 
-Rejected up front, each with ``reject_reason``: a request whose prompt + output needs more blocks than
-the cache has (it would preempt itself forever), or whose prompt vLLM's ``can_allocate`` calls NEVER
-(fewer blocks than the watermark leaves); and, when preempted, a request whose recompute (prompt + generated
-tokens) can_allocate calls NEVER (vLLM ignores such a prompt). A run in which ``stall_limit`` iterations in a row produce no
-token ends ``no_progress``; a policy that runs nothing on an idle engine with nothing left to arrive
-ends ``stalled``.
+Rejected up front, each with ``reject_reason``: a request the memory model can never serve (``memory.rejection``);
+on paged memory also, when preempted, a request whose recompute (prompt + generated tokens) can_allocate calls
+NEVER (vLLM ignores such a prompt). ``stall_limit`` iterations in a row without a token, or clearing events in a row
+without a completed request, end the run ``no_progress``; a policy that runs nothing on an idle engine with nothing
+left to arrive ends ``stalled``.
 """
 from __future__ import annotations
 
@@ -30,11 +45,12 @@ from time import perf_counter
 from collections import deque
 
 import numpy as np
-import pandas as pd
 
+from kvstudy import records
 from kvstudy.decode_clock import DecodeClock
 from kvstudy.latency.models import VidurLatency
-from kvstudy.engine import (DONE, FUTURE, REJECTED, RUNNING, SWAPPED, WAITING, EngineResult, PolicyError,
+from kvstudy.errors import KvStudyError
+from kvstudy.states import (DONE, FUTURE, REJECTED, RUNNING, SWAPPED, WAITING, EngineResult, PolicyError,
                             interrupted_message)
 from kvstudy.memory.paged import NEVER, PagedMemory
 from kvstudy.policies.admission import Admission
@@ -42,13 +58,7 @@ from kvstudy.policies.step import RECOMPUTE, SWAP, Decision, StepPolicy, StepVie
 from kvstudy.swap_models import SwapModel, kv_bytes_per_gpu
 from kvstudy.workloads.requests import Requests
 
-STATE_NAMES = np.array(["future", "waiting", "running", "done", "rejected", "swapped"])
-ITERATION_COLUMNS = ("start", "duration", "batch_size", "prefill_tokens", "decode_tokens", "kv_tokens_in_use",
-                     "capacity", "overflow", "cleared", "blocks_used", "blocks_reserved", "blocks_free",
-                     "host_blocks", "swap_seconds", "chunk_tokens", "preempted_recompute", "preempted_swap",
-                     "swapped_in")
-ITERATION_TYPES = (float, float, np.int64, np.int64, np.int64, np.int64, np.int64, bool, np.int64, np.int64, np.int64,
-                   np.int64, np.int64, float, np.int64, np.int64, np.int64, np.int64)
+STATE_NAMES, ITERATION_COLUMNS, ITERATION_TYPES = records.STATE_NAMES, records.ITERATION_COLUMNS, records.ITERATION_TYPES
 
 
 class _Generated:
@@ -61,22 +71,60 @@ class _Generated:
         return self._clock.generated(i)
 
 
+class _WaitingSet(dict):
+    """The waiting requests as an insertion-ordered set (a dict of None), for a policy that keeps its own queue
+    orders (kvstudy/policies/admission.py): removing a request from anywhere costs O(1), not a deque's O(position)."""
+
+    def append(self, i: int) -> None:
+        self[i] = None
+
+    def remove(self, i: int) -> None:
+        del self[i]
+
+    def extendleft(self, items) -> None:
+        front = list(items)[::-1]  # deque.extendleft's order: the last item ends first
+        rest = list(self)
+        self.clear()
+        self.update(dict.fromkeys(front + rest))
+
+
 class StepEngine:
+    """The one loop (module docstring). ``memory`` fixes the KV accounting and the token convention
+    (kvstudy/memory/paper.py, paged.py). The settings ``arrivals``, ``max_batch``, ``raise_prediction_on_eviction``
+    and ``overflow_cost=authors_code`` reproduce the MC-SF paper's and its authors' loop (memory=paper only)."""
+
     def __init__(self, requests: Requests, predicted: np.ndarray, policy: StepPolicy, latency,
                  memory: PagedMemory, swap: SwapModel, arch, hardware, stall_limit: int = 100,
                  max_iterations: int = 50_000_000, progress: bool = False, direction=None,
-                 overflow_cost: str = "batch") -> None:
+                 overflow_cost: str = "batch", arrivals: str = "paper", max_batch=None,
+                 raise_prediction_on_eviction: bool = False) -> None:
+        paper = memory.convention == "paper"
+        if not isinstance(raise_prediction_on_eviction, bool):
+            raise KvStudyError(f"engine.raise_prediction_on_eviction={raise_prediction_on_eviction!r}: allowed true, "
+                               f"false")
+        if overflow_cost not in (("batch", "free", "authors_code") if paper else ("batch", "free")):
+            raise KvStudyError(f"engine.overflow_cost={overflow_cost!r}: allowed batch, free"
+                               + (", authors_code" if paper else f" on memory={memory.name}"))
+        if arrivals not in ("paper", "authors_code"):
+            raise KvStudyError(f"engine.arrivals={arrivals!r}: allowed paper, authors_code")
+        if max_batch is not None and (isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1):
+            raise KvStudyError(f"engine.max_batch={max_batch!r}: allowed null (no cap) or a whole number >= 1")
         if not getattr(policy, "preemptive", False):  # order + admit: the engine adapts it (reset by the caller)
-            policy = Admission(policy)
-        if overflow_cost not in ("batch", "free"):
-            raise PolicyError(f"engine.overflow_cost={overflow_cost!r}: allowed on memory=paged: batch, free")
-        self.overflow_cost = overflow_cost
+            policy = Admission(policy, max_batch=max_batch, raise_on_eviction=raise_prediction_on_eviction)
+        elif max_batch is not None or raise_prediction_on_eviction:
+            raise KvStudyError(f"engine.max_batch and engine.raise_prediction_on_eviction apply to admission-only "
+                               f"policies; policy '{getattr(policy, 'name', policy)}' decides its own batch")
+        self.overflow_cost, self.arrivals = overflow_cost, arrivals
         self.r, self.policy, self.latency, self.memory, self.swap = requests, policy, latency, memory, swap
         self.pred = np.asarray(predicted, dtype=np.int64)
         self.direction = None if direction is None else np.asarray(direction, dtype=np.int8).tolist()
         self.arch, self.hw = arch, hardware
-        self.max_model_len = int(arch.max_model_len)
+        self.max_model_len = int(arch.max_model_len) if arch is not None else 0  # none: the paper's memory alone
         self.stall_limit, self.max_iterations, self.progress = stall_limit, max_iterations, progress
+        #: the paper's convention: o decode rounds after the prompt's round (o + 1 tokens), an eviction restarts the
+        #: request; under latency=unit a round's tokens are stamped with its start (the round's index)
+        self.paper = paper
+        self.at_start = paper and bool(getattr(latency, "stamps_at_start", False))
 
     # --- the policy's decision --------------------------------------------------------------------------
     def _check(self, d: Decision, name: str) -> None:
@@ -86,11 +134,13 @@ class StepEngine:
             raise PolicyError(f"policy '{name}' returned {type(d).__name__}, not a Decision")
         state, mem = self.state, self.memory
         if not (d.preempt or d.swap_in or d.prefill or d.decode or d.reserve or d.lend):  # the common decode-only step
-            if d.decode_all and mem.used + len(self.growing) > mem.num_blocks:
+            if d.decode_all and mem.tracks_blocks and mem.used + len(self.growing) > mem.num_blocks:
                 raise PolicyError(f"policy '{name}' decodes every running request, which needs "
                                   f"{mem.used + len(self.growing)} KV blocks, more than the {mem.num_blocks} the "
                                   f"cache has")
             return
+        if d.decode_all and not (d.preempt or d.swap_in or d.decode or d.reserve or d.lend) and self._admissions_ok(d):
+            return  # the next most common step: waiting requests start whole prefills, everyone decodes
         seen = set()
 
         def once(i, what):
@@ -176,6 +226,8 @@ class StepEngine:
             if g in d.reserve and mem.blocks(d.reserve[g]) > b:
                 raise PolicyError(f"policy '{name}' reserves more for guest {self.id_list[g]} than it borrows")
             guests.add(g)
+        if not mem.tracks_blocks:  # the paper's memory: admissions are not checked (an overflow is, next round)
+            return
         # Blocks after the decision, counted before any change (the engine's own arithmetic).
         freed = sum(mem.held(i) for i in preempted)
         need = 0
@@ -198,11 +250,29 @@ class StepEngine:
             raise PolicyError(f"policy '{name}' needs {mem.used - freed + need} KV blocks after its decision, more "
                               f"than the {mem.num_blocks} the cache has")
 
-    def _clear(self, victims, t: float, log: list, name: str) -> float:
-        """A clearing event (the running requests' next tokens need more blocks than the cache has): recompute the
-        policy's victims, record the event as an ``overflow`` iteration and return its cost in seconds
-        (``overflow_cost``: ``batch``, the latency of the batch that overflowed, which produces no token; ``free``,
-        nothing). Survivors make no progress in it, as in the paper loop (kvstudy/engine.py)."""
+    def _admissions_ok(self, d: Decision) -> bool:
+        """A decision of whole prefills of distinct waiting requests plus ``decode_all``, checked the short way (the
+        same rules as the full check); False: the full check runs and names the problem, if any."""
+        state, gen, s, mem = self.state, self.clock.gen, self.s_list, self.memory
+        n, seen, need = len(s), set(), 0
+        for item in d.prefill:
+            if type(item) is not tuple or len(item) != 2:
+                return False
+            i, chunk = item
+            if type(i) is not int or not 0 <= i < n or i in seen or state[i] != WAITING or type(chunk) is not int \
+                    or not 0 < chunk <= s[i] + gen[i]:
+                return False
+            seen.add(i)
+            need += mem.blocks(s[i] + gen[i])
+        return not mem.tracks_blocks or mem.used + need + len(self.growing) <= mem.num_blocks
+
+    def _clear(self, victims, t: float, log: list, name: str, step: int) -> float:
+        """A clearing event (the running requests' need for this iteration exceeds the memory): recompute the policy's
+        victims (on the paper's memory: restart them), record the event as an ``overflow`` iteration and return its
+        cost in seconds (``overflow_cost``: ``batch``, the latency of the batch that overflowed, which produces no
+        token; ``free``, nothing; ``authors_code``, nothing when the eviction brings the KV within capacity, else one
+        idle second whose end arrivals join at). Survivors make no progress in it: on the paper's memory their
+        schedules move one round later (kvstudy/records.py)."""
         state, running, mem = self.state, self.running, self.memory
         seen = set()
         for i in victims:
@@ -214,29 +284,44 @@ class StepEngine:
         dt = 0.0
         if self.overflow_cost == "batch":
             if getattr(self.latency, "needs_generated", False):
-                gen_sum = ctx + n_dec - sum(self.s_list[i] for i in running if i not in self.prefilling)
+                gen_sum = ctx + n_dec - self.decode_prompts
                 dt = float(self.latency.iteration_seconds([], n_dec, ctx, decode_generated_sum=gen_sum))
             else:
                 dt = float(self.latency.iteration_seconds([], n_dec, ctx))
         used = mem.used
-        for i in victims:
-            self._preempt(i, RECOMPUTE, t)
+        if len(victims) > 8:  # a clearing of many (alpha-greedy clears all): one pass over the running list
+            gone = set(victims)
+            running[:] = [i for i in running if i not in gone]
+            for i in victims:
+                self._preempt(i, RECOMPUTE, t, listed=False)
+        else:
+            for i in victims:
+                self._preempt(i, RECOMPUTE, t)
         self.waiting.extendleft(i for i in victims if state[i] == WAITING)
+        if self.overflow_cost == "authors_code" and self.decode_ctx + len(running) > mem.capacity_tokens:
+            dt, self.idled = 1.0, True  # the scripts idle one second before clearing again
+        if self.paper:
+            p_round = self.p_round
+            for i in running:
+                p_round[i] += 1
         log.append((t, dt, n_dec, 0, 0, ctx + n_dec, mem.capacity_tokens, True, len(victims), used, 0,
                     mem.num_blocks - used, mem.host_used, 0.0, 0, len(victims), 0, 0))
         return dt
 
     # --- per-request events (few per iteration) -------------------------------------------------------------
-    def _preempt(self, i: int, mode: str, t: float) -> str:
-        """Stop running request i: its KV goes to host space (swap) or is dropped (recompute)."""
+    def _preempt(self, i: int, mode: str, t: float, listed: bool = True) -> str:
+        """Stop running request i: its KV goes to host space (swap) or is dropped (recompute). ``listed``: remove it
+        from the running list (a caller evicting many removes them in one pass)."""
         mem, s = self.memory, self.s_list
-        self.running.remove(i)
+        if listed:
+            self.running.remove(i)
         self.preempted_at[i] = t
         if i in self.prefilling:
             g = self.clock.gen[i]
         else:
             g = self.clock.stop(i) if self.clock.on[i] else self.clock.gen[i]
             self.decode_ctx -= s[i] + g - 1
+            self.decode_prompts -= s[i]
         held = mem.held(i)
         # swap only if the request can come back: host room, and can_swap_in (its blocks + 1 above the watermark)
         # not NEVER-like on an empty cache; else it is recomputed (vLLM would keep it swapped out forever)
@@ -257,11 +342,13 @@ class StepEngine:
         else:
             self.recomputed[i] += s[i] + g - 1
         self._free(i)
+        if self.paper:  # the paper's eviction: KV and progress lost, the request restarts from its prompt
+            g = self.clock.gen[i] = 0
         self.prefilled[i] = 0
         self.target[i] = s[i] + g
         self.state[i] = WAITING
         self.pre_rec[i] += 1
-        if mem.can_allocate(mem.blocks(s[i] + g)) == NEVER:  # vLLM ignores such a prompt: it could never return
+        if mem.tracks_blocks and mem.can_allocate(mem.blocks(s[i] + g)) == NEVER:  # vLLM ignores such a prompt
             self.state[i] = REJECTED
             self.reason[i] = (f"recompute after preemption needs {mem.blocks(s[i] + g)} blocks for prompt + "
                               f"generated = {s[i] + g} tokens; the watermark leaves "
@@ -294,6 +381,7 @@ class StepEngine:
         self.state[i] = RUNNING
         self.running.append(i)
         self.decode_ctx += self.s_list[i] + g - 1
+        self.decode_prompts += self.s_list[i]
 
     def _start_prefill(self, i: int, t: float) -> None:
         mem = self.memory
@@ -301,12 +389,14 @@ class StepEngine:
         self.state[i] = RUNNING
         self.running.append(i)
         self.prefilling.add(i)
-        self.target[i] = self.s_list[i] + self.clock.gen[i]
+        self.target[i] = target = self.s_list[i] + self.clock.gen[i]
         self.prefilled[i] = 0
-        mem.hold(i, mem.blocks(self.target[i]))
+        if mem.tracks_blocks:
+            mem.hold(i, mem.blocks(target))
         if self.first_sched[i] != self.first_sched[i]:
             self.first_sched[i] = t
-        self._resumed(i, t)
+        elif self.preempted_at[i] == self.preempted_at[i]:  # back after a preemption
+            self._resumed(i, t)
 
     def _token(self, i: int, end: float) -> None:
         """Request i (off the clock) produced a token at ``end``."""
@@ -333,17 +423,23 @@ class StepEngine:
         r, n, mem = self.r, len(self.r), self.memory
         self.s_list = s = r.prompt_tokens.tolist()
         self.o_list = o = r.output_tokens.tolist()
+        if self.paper:  # the paper's o decode rounds after the prompt's round: o + 1 tokens in this loop's count
+            self.o_list = o = [x + 1 for x in o]
         self.a_list = r.arrival_time.tolist()
         self.pred_list = self.pred.tolist()
         self.id_list = r.request_id.tolist()
-        mem.bind(kv_bytes_per_gpu(self.arch, self.hw))
-        self.swap.bind(self.arch, self.hw, mem.block_size)
-        self.block_bytes_all = mem.block_size * self.arch.kv_bytes_per_token(1)
+        if self.arch is not None:  # host space and copy sizes (the paper's memory needs neither)
+            mem.bind(kv_bytes_per_gpu(self.arch, self.hw))
+            self.swap.bind(self.arch, self.hw, mem.block_size)
+            self.block_bytes_all = mem.block_size * self.arch.kv_bytes_per_token(1)
+        elif mem.tracks_blocks:
+            raise KvStudyError(f"memory={mem.name} needs the model and hardware (host space, copy sizes)")
         self.state = state = np.full(n, FUTURE, dtype=np.int8)
         self.first_sched, self.first_token, self.completion = [math.nan] * n, [math.nan] * n, [math.nan] * n
         self.last_token, self.max_gap = [math.nan] * n, [0.0] * n
         self.off_clock_gaps = []  # gaps between tokens produced off the decode clock (pooled TBT)
-        self.clock = DecodeClock(n, s, o, mem.block_size, mem.gpu, self.last_token, self.max_gap)
+        self.clock = DecodeClock(n, s, o, mem.block_size if mem.tracks_blocks else 0, mem.gpu, self.last_token,
+                                 self.max_gap)
         self.generated = _Generated(self.clock)
         self.prefilled, self.target = [0] * n, list(s)
         self.waiting, self.running, self.swapped = deque(), [], deque()
@@ -352,16 +448,19 @@ class StepEngine:
         self.preempted_at, self.preempted_s = [math.nan] * n, [0.0] * n
         self.recomputed, self.swapped_bytes = [0] * n, [0] * n
         self.decode_ctx = 0  # sum of s + generated - 1 over running requests past their prefill (cached contexts)
+        self.decode_prompts = 0  # sum of s over the same requests (decode_ctx + their count - this: their tokens)
         self.prefill_kv = 0  # KV tokens of running requests still in their prefill
         self.reason = [""] * n
+        out = r.output_tokens.tolist()
         for i in range(n):
-            if mem.blocks(s[i] + o[i]) > mem.num_blocks:
-                state[i], self.reason[i] = REJECTED, (f"prompt + output = {s[i] + o[i]} tokens needs "
-                                                      f"{mem.blocks(s[i] + o[i])} blocks, more than the cache's "
-                                                      f"{mem.num_blocks}")
-            elif mem.can_allocate(mem.blocks(s[i])) == NEVER:
-                state[i], self.reason[i] = REJECTED, (f"prompt of {s[i]} tokens needs {mem.blocks(s[i])} blocks; "
-                                                      f"the watermark leaves {mem.num_blocks - mem.watermark_blocks}")
+            why = mem.rejection(s[i], out[i])
+            if why:
+                state[i], self.reason[i] = REJECTED, why
+        # the paper's records (kvstudy/records.py): each request's admission round and first token of the life that
+        # completes it (an overflow round moves its survivors' schedules one round later), and its last round
+        self.p_round, self.admit_stamp, self.done_round = [-1] * n, [math.nan] * n, [-1] * n
+        if isinstance(self.policy, Admission):  # it keeps its own queue orders: the engine's needs O(1) removal
+            self.waiting = _WaitingSet()
 
     def run(self) -> EngineResult:
         self._setup()
@@ -387,17 +486,51 @@ class StepEngine:
             from tqdm import tqdm
 
             bar = tqdm(total=n, desc=name, unit="req", leave=False)
+        # arrivals: ``paper``, every request arrived by the clock joins before a decision; ``authors_code`` (the MC-SF
+        # authors' event order, memory=paper): an arrival at the instant a batch ends joins after the next batch is
+        # formed, and an idle engine wakes for one arrival alone (later ones at that instant wait for its batch)
+        strict = self.arrivals == "authors_code"
+        self.idled = False  # authors_code: the last step was an idle second, whose end arrivals join at (inclusive)
+        at_start = self.at_start
+        since_completion = 0  # clearing events since a request last completed (engine.stall_limit)
+
+        def wake():
+            """The clock an idle engine jumps to (None: nothing left to arrive): the next arrival, a whole round under
+            latency=unit on the paper's memory; under authors_code that request joins the queue at once, alone."""
+            nonlocal nxt
+            if strict:
+                while nxt < n and state[nxt] != FUTURE:  # rejected requests never arrive
+                    nxt += 1
+                if nxt >= n:
+                    return None
+                state[nxt] = WAITING
+                waiting.append(nxt)
+                nxt += 1
+                return float(math.ceil(a[nxt - 1])) if at_start else a[nxt - 1]
+            if nxt >= n:
+                return None
+            return float(math.ceil(a[nxt])) if at_start else a[nxt]
+
         try:
             while True:
-                while nxt < n and a[nxt] <= t:
-                    if state[nxt] == FUTURE:
-                        state[nxt] = WAITING
-                        waiting.append(nxt)
-                    nxt += 1
+                if strict and not self.idled:
+                    while nxt < n and a[nxt] < t:
+                        if state[nxt] == FUTURE:
+                            state[nxt] = WAITING
+                            waiting.append(nxt)
+                        nxt += 1
+                else:
+                    while nxt < n and a[nxt] <= t:
+                        if state[nxt] == FUTURE:
+                            state[nxt] = WAITING
+                            waiting.append(nxt)
+                        nxt += 1
+                self.idled = False
                 if not waiting and not running and not swapped:
-                    if nxt >= n:
+                    woke = wake()
+                    if woke is None:
                         break
-                    t = a[nxt]
+                    t = woke
                     continue
                 if step >= self.max_iterations:
                     status, message = "max_iterations", f"stopped after {step} iterations (engine.max_iterations)"
@@ -407,18 +540,17 @@ class StepEngine:
                 if clock.grow_at.get(clock.D):
                     growing.update(clock.growing())
                 view.step, view.time, view.num_arrived = step, t, nxt
-                if overflow is not None and mem.used + len(growing) > num_blocks:
+                if overflow is not None and mem.overflows(self.decode_ctx + len(running), len(growing)):
                     # an over-committing admission policy (kvstudy/policies/admission.py): a clearing event
-                    dt = self._clear(overflow(view), t, log, name)
+                    dt = self._clear(overflow(view), t, log, name, step)
                     t += dt
                     step += 1
                     clearing += 1
-                    no_token += 1
-                    if no_token >= self.stall_limit:
+                    since_completion += 1
+                    if since_completion >= self.stall_limit:
                         status = "no_progress"
-                        message = (f"{no_token} iterations in a row produced no token (engine.stall_limit="
-                                   f"{self.stall_limit}): policy '{name}' keeps overflowing memory ({clearing} "
-                                   f"clearing events)")
+                        message = (f"{since_completion} clearing events in a row without a completed request "
+                                   f"(engine.stall_limit={self.stall_limit}); the policy keeps overflowing memory")
                         break
                     continue
                 t0 = perf_counter()
@@ -481,9 +613,18 @@ class StepEngine:
                 swap_s = (swap_seconds(self.moved_out) + swap_seconds(self.moved_in)) if moved else 0.0
                 if not chunks and not n_dec:
                     t += swap_s  # copies take their time even when nothing computes
-                    if not (d.preempt or d.swap_in or running or swapped) and nxt < n:
-                        t = max(t, a[nxt])  # idle: nothing runs until the next arrival
-                        continue
+                    if not (d.preempt or d.swap_in or running or swapped):
+                        woke = wake()
+                        if woke is not None:
+                            t = max(t, woke)  # idle: nothing runs until the next arrival
+                            continue
+                        if overflow is not None:  # an admission policy that admits nothing now never will
+                            first = min(waiting)  # the first in arrival order
+                            status = "stalled"
+                            message = (f"policy '{name}' admits none of {len(waiting)} waiting request(s) on an idle "
+                                       f"engine (first: request {self.id_list[first]}, prompt {s[first]}, predicted "
+                                       f"output {self.policy.prediction(first)}, capacity {mem.capacity_tokens})")
+                            break
                     no_token += 1
                     if no_token >= self.stall_limit:
                         status = "stalled" if not running else "no_progress"
@@ -494,7 +635,7 @@ class StepEngine:
                     continue
                 if needs_generated:  # the MC-SF authors' formula: the decodes' produced tokens (prompt not counted)
                     if d.decode_all:
-                        gen_sum = ctx_now + n_dec - sum(s[i] for i in running if i not in prefilling)
+                        gen_sum = ctx_now + n_dec - self.decode_prompts
                     else:
                         gen_sum = sum(clock.gen[i] for i in d.decode) if listed else 0
                     compute = float(iteration_seconds(chunks, n_dec, ctx_now, decode_generated_sum=gen_sum))
@@ -502,20 +643,24 @@ class StepEngine:
                     compute = float(iteration_seconds(chunks, n_dec, ctx_now))
                 dt = max(compute, swap_s) if overlap else compute + swap_s
                 end = t + dt
+                stamp = t if at_start else end  # when this iteration's tokens are stamped
                 # tokens: one per decoder, one per prefill whose last chunk ran
                 self.decode_ctx += n_dec
                 finished = []
                 if d.decode_all:
-                    finished = clock.tick(end)
+                    finished = clock.tick(stamp)
                     for i in finished:
                         clock.stop(i)
                 elif listed:
                     for i in d.decode:
                         clock.gen[i] += 1
-                        self._token(i, end)
+                        self._token(i, stamp)
                         if clock.gen[i] == o[i]:
                             finished.append(i)
-                left_ctx = sum(s[i] + o[i] - 1 for i in finished) if finished else 0
+                left_ctx = left_prompts = 0
+                for i in finished:
+                    left_ctx += s[i] + o[i] - 1
+                    left_prompts += s[i]
                 done_at_prefill, produced, prefill_tokens = 0, n_dec, 0
                 for i, chunk in d.prefill:
                     p = prefilled[i] + chunk
@@ -527,12 +672,15 @@ class StepEngine:
                         self.prefill_kv -= p
                         produced += 1
                         clock.gen[i] += 1
-                        self._token(i, end)
+                        self._token(i, stamp)
+                        if self.paper:  # the paper's records: this life's admission round and first token
+                            self.p_round[i], self.admit_stamp[i] = step, stamp
                         if clock.gen[i] == o[i]:
                             finished.append(i)
                             done_at_prefill += p
                         else:
                             self.decode_ctx += p  # = s + generated - 1: it decodes from the next iteration
+                            self.decode_prompts += s[i]
                 if listed:  # back on the clock, all who decode from here on
                     for i in running:
                         if i not in prefilling and state[i] == RUNNING and clock.gen[i] < o[i]:
@@ -543,13 +691,18 @@ class StepEngine:
                             clock.start(i, clock.gen[i])
                 # KV held during this iteration (before completions free it), and blocks held beyond it
                 reserved = self._reserved_blocks() if prefilling or self.reserved_ids else 0
-                log.append((t, dt, len(chunks) + n_dec, prefill_tokens, n_dec,
-                            self.decode_ctx + self.prefill_kv + done_at_prefill, mem.capacity_tokens, False,
+                # the paper charges the round's decoders, sum(s + j + 1), not the prompts it admits (constraint (3))
+                kv_now = ctx_now + n_dec if self.paper else self.decode_ctx + self.prefill_kv + done_at_prefill
+                log.append((t, dt, len(chunks) + n_dec, prefill_tokens, n_dec, kv_now, mem.capacity_tokens, False,
                             len(d.preempt), mem.used, reserved, num_blocks - mem.used, mem.host_used, swap_s, partial, n_rec,
                             len(d.preempt) - n_rec, len(d.swap_in)))
                 self.decode_ctx -= left_ctx
+                self.decode_prompts -= left_prompts
+                if finished:
+                    since_completion = 0
                 for i in finished:
-                    self.completion[i] = end
+                    self.completion[i] = stamp
+                    self.done_round[i] = step
                     state[i] = DONE
                     running.remove(i)
                     self._free(i)
@@ -573,63 +726,14 @@ class StepEngine:
         for i in running:  # a run stopped early: tokens of requests still on the clock
             if clock.on[i]:
                 clock.stop(i)
+        if self.paper:  # the MC-SF paper loop's tables, as it always wrote them
+            return records.paper_result(self, log, status, message, clearing)
         rejected = int((state == REJECTED).sum())
         if status == "completed" and rejected:
             message = f"{rejected} request(s) rejected (see reject_reason)"
-        result = self._result(log, status, message)
+        result = records.paged_result(self, log, status, message)
         result.clearing_events = clearing
-        result.extra["tbt_pooled"] = self._pooled_tbt()
+        result.extra["tbt_pooled"] = records.pooled_tbt(self)
         result.extra["policy_seconds"] = round(policy_s, 4)
         result.extra["policy_us_per_iteration"] = round(1e6 * policy_s / max(1, len(log)), 2)
-        return result
-
-    def _pooled_tbt(self) -> dict:
-        """Quantiles of every gap between consecutive tokens of every request, pooled (spec B8.11's tail TBT),
-        including the tokens a request produced before it was rejected after a preemption (they were streamed)."""
-        values, weights = self.clock.pooled_gaps()
-        values = np.concatenate([values, np.asarray(self.off_clock_gaps, dtype=float)])
-        weights = np.concatenate([weights, np.ones(len(self.off_clock_gaps))])
-        keep = weights > 0
-        values, weights = values[keep], weights[keep]
-        if not len(values):
-            return {"count": 0}
-        order = np.argsort(values, kind="stable")
-        values, cum = values[order], np.cumsum(weights[order])
-        total = cum[-1]
-
-        def q(p):  # the smallest gap with at least p of all gaps at or below it (inverted CDF)
-            return float(values[min(len(values) - 1, int(np.searchsorted(cum, p * total - 1e-9)))])
-
-        return {"count": int(round(total)), "mean": float((values * weights[order]).sum() / total),
-                "p50": q(0.5), "p95": q(0.95), "p99": q(0.99), "max": float(values[-1])}
-
-    def _result(self, log, status, message) -> EngineResult:
-        r, mem, state = self.r, self.memory, self.state
-        first_sched, first_token, completion, max_gap = self.first_sched, self.first_token, self.completion, self.max_gap
-        pre_rec, pre_swap, fallbacks, preempted_s = self.pre_rec, self.pre_swap, self.fallbacks, self.preempted_s
-        recomputed, swapped_bytes, reason = self.recomputed, self.swapped_bytes, self.reason
-        # one float array, then column by column: much faster than DataFrame.from_records on 10^5+ tuples
-        # (every integer column is far below 2^53, so the float round trip is exact)
-        table = np.array(log, dtype=float).reshape(len(log), len(ITERATION_COLUMNS))
-        iterations = pd.DataFrame({c: table[:, k].astype(kind)
-                                   for k, (c, kind) in enumerate(zip(ITERATION_COLUMNS, ITERATION_TYPES))})
-        a, o = r.arrival_time, r.output_tokens
-        first_token, completion = np.array(first_token), np.array(completion)
-        done = state == DONE
-        mean_tbt = np.where(done & (o > 1), (completion - first_token) / np.maximum(o - 1, 1), np.nan)
-        max_tbt = np.where(done & (o > 1), np.array(max_gap), np.nan)
-        pre_rec, pre_swap = np.array(pre_rec, dtype=np.int64), np.array(pre_swap, dtype=np.int64)
-        requests = pd.DataFrame({
-            "request_id": r.request_id, "arrival_time": a, "prompt_tokens": r.prompt_tokens, "output_tokens": o,
-            "predicted_output_tokens": self.pred, "state": STATE_NAMES[state],
-            "first_scheduled_time": np.array(first_sched), "first_token_time": first_token,
-            "completion_time": completion, "ttft": first_token - a, "e2e_latency": completion - a,
-            "mean_tbt": mean_tbt, "max_tbt": max_tbt, "preemptions": pre_rec + pre_swap, "restarts": pre_rec,
-            "preemptions_recompute": pre_rec, "preemptions_swap": pre_swap,
-            "swap_fallbacks": np.array(fallbacks, dtype=np.int64), "preempted_seconds": np.array(preempted_s),
-            "recomputed_tokens": np.array(recomputed, dtype=np.int64),
-            "swapped_bytes": np.array(swapped_bytes, dtype=np.int64), "reject_reason": reason,
-        }).sort_values("request_id", kind="stable").reset_index(drop=True)
-        result = EngineResult(requests, iterations, status, message, 0, mem.capacity_tokens)
-        result.extra = {"memory": mem.describe(), "swap": self.swap.describe()}
         return result

@@ -58,6 +58,9 @@ class Recorder(StepPolicy):
             ctx = view.prefilled[i] if view.in_prefill(i) else view.prompt[i] + view.generated[i] - 1
             assert mem.held(i) >= mem.blocks(ctx)
         assert mem.used <= mem.num_blocks and mem.host_used <= mem.host_blocks_total
+        past = [i for i in view.running if not view.in_prefill(i)]  # the engine's running sums, kept incrementally
+        assert view._engine.decode_prompts == sum(view.prompt[i] for i in past)
+        assert view._engine.decode_ctx == sum(view.prompt[i] + view.generated[i] - 1 for i in past)
         d = self.inner.step(view)
         for i in d.swap_in + [i for i, _ in d.prefill if i in self.at_preemption]:
             assert view.generated[i] == self.at_preemption.pop(i)

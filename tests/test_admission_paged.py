@@ -125,3 +125,37 @@ def test_through_the_api_and_refusals():
         api.simulate(api.compose(["+policy=mcsf", "policy.admission=authors_code"] + base))
     with pytest.raises(ConfigError, match="raise_prediction_on_eviction=true is the paper loop"):
         api.simulate(api.compose(["+policy=mcsf", "engine.raise_prediction_on_eviction=true"] + base))
+
+
+@pytest.mark.parametrize("memory", ["paper", "paged"])
+def test_the_adapters_token_counts_are_the_engines(memory, monkeypatch):
+    """The adapter reads running requests' tokens from the engine's decode count (one array operation, not one call
+    per request); on random instances, with overflows and restarts, they equal the engine's own count."""
+    from kvstudy.engine import Engine
+    from kvstudy.latency.models import UnitLatency
+    from kvstudy.policies import admission
+
+    checked = []
+    original = admission._View._running_arrays
+
+    def checking(self):
+        out = original(self)
+        by_engine = [self._sv.generated[i] - 1 for i in self._sv.running]
+        assert out["running_generated"].tolist() == by_engine
+        checked.append(len(by_engine))
+        return out
+
+    monkeypatch.setattr(admission._View, "_running_arrays", checking)
+    for seed in range(30):
+        rng = np.random.default_rng(seed)
+        n = int(rng.integers(5, 30))
+        req = make_instance(rng.integers(1, 20, n), rng.integers(1, 30, n), np.sort(rng.uniform(0, 10, n)))
+        pred = np.maximum(1, req.output_tokens // 2)  # under-predictions: overflows, evictions
+        for make in (MCSF, lambda: AlphaProtection(alpha=0.2, beta=0.5), FCFSWatermark):
+            policy = make()
+            policy.reset(seed)
+            if memory == "paper":
+                Engine(req, pred, policy, UnitLatency(), 60, stall_limit=40).run()
+            else:
+                step_engine(req, policy, capacity=60, block_size=4, predicted=pred, stall_limit=40).run()
+    assert sum(checked) > 1000

@@ -5,11 +5,11 @@ decode requests, given as a count and the sum of their cached context lengths (V
 attention on the mean context, so the sum is all it needs).
 
 * ``vidur``: Vidur's trained sklearn predictor (default; ``kvstudy.latency.vidur_adapter``).
-* ``unit``: every iteration takes one time unit, the MC-SF paper's theoretical model (Sec. 2). In the paper
-  loop (``memory=paper``, kvstudy/engine.py) times are round indices and follow the paper's convention that a
-  round's tokens are stamped with the round's index (``stamps_at_start``), so a request admitted in round p
-  completes at p + o. The paged loop (``memory=paged``, kvstudy/step_engine.py) ignores ``stamps_at_start``: it
-  stamps every token at the end of its iteration (a prefill in [0, 1) gives the first token at 1), and an
+* ``unit``: every iteration takes one time unit, the MC-SF paper's theoretical model (Sec. 2). On the paper's
+  memory (``memory=paper``, the paper's token convention) times are round indices and follow the paper's convention
+  that a round's tokens are stamped with the round's index (``stamps_at_start``), so a request admitted in round p
+  completes at p + o. On paged memory (``memory=paged``, vLLM's convention) the loop (kvstudy/step_engine.py) ignores
+  ``stamps_at_start``: it stamps every token at the end of its iteration (a prefill in [0, 1) gives the first token at 1), and an
   iteration that runs nothing costs no time (docs/engine.md, "Time under latency=unit").
 * ``linear``: d0 + d1 * tokens seconds, a cheap stand-in for fast tests.
 * ``mcsf_authors``: the linear batch-time formula the MC-SF authors' published scripts time every batch with

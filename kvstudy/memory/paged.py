@@ -32,6 +32,10 @@ OK, LATER, NEVER = "ok", "later", "never"
 class PagedMemory:
     name = "paged"
     modes = ("recompute", "swap")
+    #: the token convention this model fixes: vLLM's (o tokens, the first from the prefill; a recompute keeps them)
+    convention = "vllm"
+    #: True: KV held per request in blocks; every decision is checked against the blocks the cache has
+    tracks_blocks = True
 
     def __init__(self, capacity_tokens: int, block_size: int = 16, watermark: float = 0.01,
                  swap_space_gb: float = 4.0, decode_block_check: str = "vllm", name: str = "paged") -> None:
@@ -78,6 +82,22 @@ class PagedMemory:
     # --- queries (used by policies to plan, by the engine to check) -------------------------------
     def blocks(self, tokens: int) -> int:
         return -(-int(tokens) // self.block_size)
+
+    def rejection(self, prompt: int, output: int) -> str:
+        """Why a request can never be served (empty: it can): its prompt + output needs more blocks than the cache
+        has (it would preempt itself forever), or its prompt's blocks ``can_allocate`` calls NEVER."""
+        if self.blocks(prompt + output) > self.num_blocks:
+            return (f"prompt + output = {prompt + output} tokens needs {self.blocks(prompt + output)} blocks, more "
+                    f"than the cache's {self.num_blocks}")
+        if self.can_allocate(self.blocks(prompt)) == NEVER:
+            return (f"prompt of {prompt} tokens needs {self.blocks(prompt)} blocks; the watermark leaves "
+                    f"{self.num_blocks - self.watermark_blocks}")
+        return ""
+
+    def overflows(self, need_tokens: int, growing: int) -> bool:
+        """Do the running requests' next tokens need more blocks than the cache has (``growing`` of them need one
+        more block each)?"""
+        return self.used + growing > self.num_blocks
 
     @property
     def free(self) -> int:

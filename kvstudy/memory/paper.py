@@ -1,23 +1,81 @@
-"""The MC-SF paper's memory model (Jaillet et al., Sec. 2, IP constraint (3)).
+"""The MC-SF paper's memory model (Jaillet et al., Sec. 2, IP constraint (3)), a memory model of the one loop
+(kvstudy/step_engine.py) beside :class:`~kvstudy.memory.paged.PagedMemory`.
 
-KV is counted in tokens: a request that has produced j tokens holds s + j of them; the iteration that
-admits a prompt is not charged. The accounting itself lives in :class:`kvstudy.engine.Engine`, whose loop
-is built around it (eq. (5) checks, overflow clearing); this class only carries and checks the setting.
+* KV is counted in tokens, in aggregate: a running request that has produced j decode rounds holds s + j + 1 tokens
+  in its next round; the round that admits a prompt is not charged (constraint (3)). No per-request holdings, no
+  blocks, no watermark, no host space (``modes``: recompute only).
+* Over-commitment is possible (an admission is never checked against capacity): when the running requests' need
+  for a round exceeds ``capacity_tokens`` the loop records an overflow and the policy's ``on_overflow`` names the
+  requests to evict (kvstudy/policies/admission.py).
+* Token convention ``paper``: a request of output o is admitted in one round (its prompt's round produces a first
+  token) and then decodes o rounds; evicted, it loses its KV and its progress (it restarts from its prompt).
+  The paged model's convention is vLLM's (``vllm``: o tokens, the first from the prefill, a recompute keeps them).
+
+The rest of this class answers the loop's questions about blocks with their token-granular values (a "block" is a
+token; nothing is held per request), so the loop needs no branch per call.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from kvstudy.errors import ConfigError
 
+OK = "ok"
 
-@dataclass(frozen=True)
+
 class PaperMemory:
-    capacity_tokens: int
-    name: str = "paper"
+    name = "paper"
     #: preemption modes this model can carry out: eviction = recompute from scratch (the paper's clearing)
     modes = ("recompute",)
+    #: the token convention this model fixes (docstring): ``paper`` (o decode rounds after the prompt's round)
+    convention = "paper"
+    #: False: KV is counted in aggregate; admissions are not checked against capacity (over-commitment possible)
+    tracks_blocks = False
+    block_size = 1
+    watermark_blocks = 0
+    used = 0
+    host_used = 0
+    host_blocks_total = 0
 
-    def __post_init__(self) -> None:
-        if int(self.capacity_tokens) <= 0:
-            raise ConfigError(f"memory.capacity_tokens={self.capacity_tokens}: must be a positive number of tokens")
+    def __init__(self, capacity_tokens: int, name: str = "paper") -> None:
+        if isinstance(capacity_tokens, bool) or int(capacity_tokens) <= 0:
+            raise ConfigError(f"memory.capacity_tokens={capacity_tokens}: must be a positive number of tokens")
+        self.capacity_tokens = int(capacity_tokens)
+        self.num_blocks = self.capacity_tokens
+        self.gpu: dict = {}
+        self.loans: dict = {}
+
+    def bind(self, kv_bytes_per_token_per_gpu: int) -> None:
+        """Start a run (nothing is held per request)."""
+
+    def rejection(self, prompt: int, output: int) -> str:
+        """Why a request can never be served (empty: it can): s + o above capacity, its last round's KV."""
+        if prompt + output > self.capacity_tokens:
+            return f"prompt + output = {prompt + output} tokens exceeds capacity {self.capacity_tokens}"
+        return ""
+
+    def overflows(self, need_tokens: int, growing: int) -> bool:
+        """Does the running requests' need for this round (``need_tokens`` = sum of s + j + 1) exceed capacity?"""
+        return need_tokens > self.capacity_tokens
+
+    def blocks(self, tokens: int) -> int:
+        return int(tokens)
+
+    def held(self, i: int) -> int:
+        return 0
+
+    def can_allocate(self, need_blocks: int, free: int = None) -> str:
+        return OK
+
+    def host_has_room(self, blocks: int) -> bool:
+        return False
+
+    def hold(self, i: int, blocks: int) -> int:
+        return 0
+
+    def release(self, i: int) -> int:
+        return 0
+
+    def describe(self) -> dict:
+        return {"name": self.name, "capacity_tokens": self.capacity_tokens}
+
+    def __repr__(self) -> str:
+        return f"PaperMemory({self.capacity_tokens} tokens)"

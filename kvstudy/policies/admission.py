@@ -30,6 +30,7 @@ is the rule (``fcfs_watermark``'s ``watermark`` is its threshold).
 from __future__ import annotations
 
 import bisect
+import heapq
 from itertools import islice
 from typing import List
 
@@ -38,9 +39,9 @@ import numpy as np
 from kvstudy.errors import ConfigError
 from kvstudy.policies.base import Policy, SchedulerView
 from kvstudy.policies.step import Decision, StepPolicy
+from kvstudy.states import WAITING, PolicyError
 
 DECODE_ALL = Decision(decode_all=True)
-WAITING = 1  # the engine's state code (kvstudy/engine.py)
 
 
 class _View(SchedulerView):
@@ -49,9 +50,13 @@ class _View(SchedulerView):
     def __init__(self, adapter: "Admission", sv) -> None:
         mem = sv.memory
         self.round, self.time = sv.step, sv.time
-        self.block_size = mem.block_size
-        self.capacity = mem.num_blocks * mem.block_size
-        self.running_kv_tokens = (mem.used + len(sv.growing)) * mem.block_size
+        if mem.tracks_blocks:
+            self.block_size = mem.block_size
+            self.capacity = mem.num_blocks * mem.block_size
+            self.running_kv_tokens = (mem.used + len(sv.growing)) * mem.block_size
+        else:  # the paper's memory: tokens, constraint (3)
+            self.capacity = mem.capacity_tokens
+            self.running_kv_tokens = sv.decode_need_tokens
         self._a, self._sv = adapter, sv
 
     @property
@@ -65,15 +70,15 @@ class _View(SchedulerView):
         ids = np.asarray(idx, dtype=np.int64)
         return {"waiting_ids": self._a._ids[ids],
                 "waiting_prompt": self._a._prompt[ids] + g,
-                "waiting_predicted": np.maximum(self._a._pred[ids] - 1 - g, 0),
+                "waiting_predicted": np.maximum(self._a._pred[ids] - self._a._shift - g, 0),
                 "waiting_arrival": self._a._arrival[ids]}
 
     def _running_arrays(self) -> dict:
         sv = self._sv
         run = np.asarray(sv.running, dtype=np.int64)
-        g = np.fromiter((sv.generated[i] for i in sv.running), dtype=np.int64, count=len(run))
+        g = sv.decode_count - self._a._off[run]  # every running request decodes in every counted iteration
         return {"running_ids": self._a._ids[run], "running_prompt": self._a._prompt[run],
-                "running_generated": g - 1, "running_predicted": self._a._pred[run] - 1,
+                "running_generated": g - 1, "running_predicted": self._a._pred[run] - self._a._shift,
                 "running_arrival": self._a._arrival[run]}
 
     def __getattr__(self, name: str):
@@ -93,7 +98,7 @@ class _View(SchedulerView):
         gen, prompt, waiting = sv.waiting_generated, sv.prompt, a._waiting
         if by == "arrival":
             for pos, i in enumerate(waiting):
-                yield pos, prompt[i] + gen[i], max(0, a._pred_list[i] - 1 - gen[i])
+                yield pos, prompt[i] + gen[i], max(0, a._pred_list[i] - a._shift - gen[i])
         elif by == "predicted" and a._by_pred is not None:
             n = a._n
             for key in a._by_pred:
@@ -108,11 +113,12 @@ class Admission(StepPolicy):
 
     preemptive = True
 
-    def __init__(self, policy: Policy) -> None:
-        if getattr(policy, "admission", "paper") == "authors_code":
-            raise ConfigError(f"policy '{policy.name}': policy.admission=authors_code checks memory in tokens as the "
-                              f"MC-SF authors' scripts do; memory=paged counts blocks: use admission=paper there")
+    def __init__(self, policy: Policy, max_batch=None, raise_on_eviction: bool = False) -> None:
+        """``max_batch``: at most that many requests run (decodes first; admissions cut in the policy's order to the
+        slots left: the authors' alpha scripts' B). ``raise_on_eviction``: an evicted request's prediction, as the
+        policy sees it, rises to at least one more than the tokens it had produced (the Fig. 5 remedy)."""
         self.policy, self.name = policy, policy.name
+        self.max_batch, self.raise_on_eviction = max_batch, raise_on_eviction
         self._clear()
 
     def reset(self, seed: int) -> None:
@@ -129,10 +135,19 @@ class Admission(StepPolicy):
 
     def _bind(self, sv) -> None:
         """First step of a run: the per-request arrays (requests never change during a run)."""
+        if sv.memory.tracks_blocks and getattr(self.policy, "admission", "paper") == "authors_code":
+            raise ConfigError(f"policy '{self.name}': policy.admission=authors_code checks memory in tokens as the "
+                              f"MC-SF authors' scripts do; memory=paged counts blocks: use admission=paper there")
+        # predictions in decode rounds: vLLM's convention counts the prefill's token among the predicted output
+        self._shift = 0 if sv.memory.convention == "paper" else 1
         self._n = len(sv.state)
         self._prompt = np.asarray(sv.prompt, dtype=np.int64)
         self._pred_list = list(sv.predicted)
         self._pred = np.asarray(sv.predicted, dtype=np.int64)
+        # tokens of a running request = the engine's decode count - _off[i]: it starts its prefill (with g tokens)
+        # in an iteration that counts (every decision of this adapter decodes all), so it holds g + 1 tokens when
+        # the count has risen by one, and one more per count after (an overflow event counts nothing)
+        self._off = np.zeros(self._n, dtype=np.int64)
         self._arrival = np.asarray(sv.arrival, dtype=float)
         self._ids = np.asarray(sv.request_id, dtype=np.int64)
         if self._n > 1:
@@ -140,8 +155,12 @@ class Admission(StepPolicy):
             if not np.all((np.diff(a) > 0) | ((np.diff(a) == 0) & (np.diff(ids) > 0))):
                 self._by_pred = None  # index order is not arrival order: eq. (6)'s order from the arrays instead
 
+    def prediction(self, i: int) -> int:
+        """Request i's predicted output as the policy sees it (raised after an eviction under ``raise_on_eviction``)."""
+        return self._pred_list[i] if self._prompt is not None else 0
+
     def _key(self, i: int, gen) -> int:
-        return max(0, self._pred_list[i] - 1 - gen[i]) * self._n + i
+        return max(0, self._pred_list[i] - self._shift - gen[i]) * self._n + i
 
     def _sync(self, sv) -> None:
         """Bring the adapter's queue orders up to date: new arrivals, returned overflow victims."""
@@ -153,11 +172,15 @@ class Admission(StepPolicy):
                 if by_pred is not None:
                     bisect.insort(by_pred, self._key(i, gen))
         self._arrived = max(self._arrived, sv.num_arrived)
-        for i in self._returned:
-            if state[i] == WAITING:  # not rejected after its preemption (its recompute can never fit)
+        back = [i for i in self._returned if state[i] == WAITING]  # not rejected after a preemption
+        if len(back) <= 8:  # typical (a few victims): a binary-search insert each
+            for i in back:
                 bisect.insort(self._waiting, i)
-                if by_pred is not None:
-                    bisect.insort(by_pred, self._key(i, gen))
+        else:  # a clearing of many: one merge
+            self._waiting = list(heapq.merge(self._waiting, sorted(back)))
+        if by_pred is not None:
+            for i in back:
+                bisect.insort(by_pred, self._key(i, gen))
         self._returned = []
 
     def step(self, sv) -> Decision:
@@ -172,20 +195,31 @@ class Admission(StepPolicy):
             return DECODE_ALL
         waiting = self._waiting
         if chosen.min() < 0 or chosen.max() >= len(waiting) or len(set(chosen.tolist())) != len(chosen):
-            from kvstudy.engine import PolicyError
-
             raise PolicyError(f"policy '{self.name}' returned admission positions outside 0..{len(waiting) - 1} or "
                               f"one twice")
+        cap = self.max_batch
+        if cap is not None and len(chosen) > cap - len(sv.running):
+            chosen = chosen[: max(0, cap - len(sv.running))]  # decodes first, prompts fill the rest
+            if not len(chosen):
+                return DECODE_ALL
         admitted = [waiting[k] for k in chosen.tolist()]
         gen, prompt = sv.waiting_generated, sv.prompt
-        if self._by_pred is not None:
+        by_pred = self._by_pred
+        if by_pred is not None:
+            n, shift, pred = self._n, self._shift, self._pred_list
             for i in admitted:
-                del self._by_pred[bisect.bisect_left(self._by_pred, self._key(i, gen))]
-        if chosen.max() == len(chosen) - 1:
+                del by_pred[bisect.bisect_left(by_pred, max(0, pred[i] - shift - gen[i]) * n + i)]
+        if chosen.max() == len(chosen) - 1:  # a prefix of the queue (FCFS policies)
             del waiting[: len(chosen)]
-        else:
+        elif len(chosen) <= 64:  # a few from anywhere (shortest first): C-level deletes, no Python pass
             for k in sorted(chosen.tolist(), reverse=True):
                 del waiting[k]
+        else:
+            drop = set(chosen.tolist())
+            self._waiting = [w for k, w in enumerate(waiting) if k not in drop]
+        count, off = sv.decode_count, self._off
+        for i in admitted:
+            off[i] = count - gen[i]
         return Decision(prefill=[(i, prompt[i] + gen[i]) for i in admitted], decode_all=True)
 
     def overflow(self, sv) -> List[int]:
@@ -198,10 +232,15 @@ class Admission(StepPolicy):
         run = sv.running
         chosen = np.asarray(self.policy.on_overflow(view), dtype=np.int64).ravel()
         if len(chosen) and (chosen.min() < 0 or chosen.max() >= len(run) or len(set(chosen.tolist())) != len(chosen)):
-            from kvstudy.engine import PolicyError
-
             raise PolicyError(f"policy '{self.name}' returned eviction positions outside 0..{len(run) - 1} or one "
                               f"twice")
         victims = [run[k] for k in chosen.tolist()]
+        if self.raise_on_eviction and victims:
+            # an evicted request was still running after producing g tokens (its prompt's round and g - 1 decode
+            # rounds: the rounds it reached), so its length exceeds that: its prediction rises to at least g + 1
+            for i in victims:
+                raised = max(self._pred_list[i], sv.generated[i] + 1)
+                self._pred_list[i] = raised
+                self._pred[i] = raised
         self._returned = list(victims)
         return victims

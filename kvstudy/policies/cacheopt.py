@@ -58,7 +58,7 @@ from typing import Dict, List, Optional
 from kvstudy.cacheopt.allocation import allocate
 from kvstudy.cacheopt.preemption import choose_mode, victim_order
 from kvstudy.cacheopt.queue import DeadlineQueue
-from kvstudy.engine import DONE, RUNNING, SWAPPED, WAITING
+from kvstudy.states import DONE, RUNNING, SWAPPED, WAITING
 from kvstudy.errors import ConfigError
 from kvstudy.padding import adaptive_confidence, padded_output
 from kvstudy.policies.step import RECOMPUTE, SWAP, Decision, StepPolicy, StepView

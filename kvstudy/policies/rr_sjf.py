@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from typing import List
 
-from kvstudy.engine import RUNNING, SWAPPED, WAITING
+from kvstudy.states import RUNNING, SWAPPED, WAITING
 from kvstudy.errors import ConfigError
 from kvstudy.memory.paged import LATER, NEVER, OK
 from kvstudy.policies.step import RECOMPUTE, Decision, StepView

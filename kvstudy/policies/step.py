@@ -82,6 +82,19 @@ class StepView:
         #: arrival and steps that only copy KV are not iterations (CacheOPT's T_I^max, Sec. 3.3)
         self.last_iteration_seconds = 0.0
         self._clock, self._last_token = engine.clock, engine.last_token
+        self._engine = engine
+
+    @property
+    def decode_count(self) -> int:
+        """Iterations so far in which every running request past its prefill decoded (``decode_all``): a request
+        that decoded in each since it joined at count c with g tokens has g + (count - c) now."""
+        return self._clock.D
+
+    @property
+    def decode_need_tokens(self) -> int:
+        """KV tokens the running requests past their prefill need in this iteration: sum(prompt + generated)."""
+        e = self._engine
+        return e.decode_ctx + len(e.running) - len(e.prefilling)
 
     def last_token_time(self, i: int) -> float:
         """When request i produced its latest token (nan before its first)."""

@@ -1,0 +1,33 @@
+"""What the one loop (kvstudy/step_engine.py) shares with the code around it: request states, the result of a run,
+the error a policy's bad decision raises, the status message of an interrupted run."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from kvstudy.errors import KvStudyError
+
+#: a request's state (requests.parquet ``state`` names them): not arrived, waiting, running, done, rejected, swapped out
+FUTURE, WAITING, RUNNING, DONE, REJECTED, SWAPPED = 0, 1, 2, 3, 4, 5
+
+
+def interrupted_message(iterations: int) -> str:
+    """The status message of a run stopped by Ctrl-C or SIGTERM."""
+    return (f"interrupted after {iterations} iterations (Ctrl-C or SIGTERM); requests finished so far are kept, "
+            f"the rest are reported as they stood; the folder is re-run on resume")
+
+
+class PolicyError(KvStudyError):
+    """A policy returned a decision the engine cannot carry out."""
+
+
+@dataclass
+class EngineResult:
+    requests: pd.DataFrame
+    iterations: pd.DataFrame
+    status: str
+    message: str
+    clearing_events: int
+    capacity: int
+    extra: dict = field(default_factory=dict)

@@ -21,9 +21,11 @@ def _print_summary(summary: dict, folder: str) -> None:
     rows += [("throughput (tokens/time)", f"{summary['throughput_tokens_per_time'] or 0:.4g}"),
              ("peak KV tokens", f"{summary['peak_kv_tokens']} / {summary['capacity_tokens']}"),
              ("iterations", summary["iterations"])]
-    if "preemptions_swap" in summary:  # memory=paged: preemptions by mode instead of clearing events
+    if "preemptions_swap" in summary:  # memory=paged: preemptions by mode (and an admission policy's clearings)
         rows.append(("preemptions", f"{summary['preemptions_recompute']} recompute, {summary['preemptions_swap']} swap"
                                     f" ({summary['swap_fallbacks']} swap fell back to recompute)"))
+        if summary.get("clearing_events"):
+            rows.append(("clearing events", summary["clearing_events"]))
     else:
         rows.append(("clearing events", summary["clearing_events"]))
     rows.append(("wall seconds", summary.get("wall_seconds")))

@@ -213,23 +213,7 @@ def build_engine(cfg: DictConfig, requests: Requests, predicted: np.ndarray, pol
     admission-only policies) or ``paged`` (blocks, preemption, chunked prefill; an admission-only policy runs through
     the engine's adapter, kvstudy/policies/admission.py). The MC-SF authors' loop settings apply to ``paper`` only."""
     memory = build_memory(cfg, capacity)
-    engine = cfg.engine
-    if memory.convention == "paper" and getattr(policy, "preemptive", False):
-        raise ConfigError(f"policy '{cfg.policy.name}' preempts and needs memory=paged (memory=paper is the MC-SF "
-                          f"paper's admission-only model)")
-    if memory.convention != "paper":
-        if engine.get("max_batch") is not None:
-            raise ConfigError(f"engine.max_batch={engine.max_batch} applies to memory=paper (the MC-SF authors' batch "
-                              f"cap); on memory={cfg.memory.name} a policy caps its own batch (policy.max_num_seqs)")
-        for key in ("arrivals", "overflow_cost"):  # the authors' event order and clearing cost: the paper model's only
-            if engine.get(key) == "authors_code":
-                raise ConfigError(f"engine.{key}=authors_code (set by regime=authors) reproduces the MC-SF authors' "
-                                  f"scripts on memory=paper; on memory={cfg.memory.name} choose latency=mcsf_authors "
-                                  f"alone for their batch-time formula")
-        if engine.get("raise_prediction_on_eviction"):
-            raise ConfigError(f"engine.raise_prediction_on_eviction=true is the paper loop's Fig. 5 remedy (memory="
-                              f"paper); memory={cfg.memory.name} keeps a recomputed request's tokens, so it has no "
-                              f"such cycle")
+    engine = cfg.engine  # the engine refuses, in one line, settings its memory model cannot take
     return StepEngine(requests, predicted, policy, latency, memory, _instantiate(cfg.swap), arch, hw,
                       direction=direction, stall_limit=int(engine.stall_limit),
                       max_iterations=int(engine.max_iterations), progress=bool(engine.progress),

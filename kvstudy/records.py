@@ -45,7 +45,7 @@ def pooled_tbt(engine) -> dict:
     return {"count": int(round(total)), "mean": float((values * weights[order]).sum() / total),
             "p50": q(0.5), "p95": q(0.95), "p99": q(0.99), "max": float(values[-1])}
 
-def paged_result(engine, log, status, message) -> EngineResult:
+def paged_result(engine, log, status, message, clearing: int) -> EngineResult:
     r, mem, state = engine.r, engine.memory, engine.state
     first_sched, first_token, completion, max_gap = engine.first_sched, engine.first_token, engine.completion, engine.max_gap
     pre_rec, pre_swap, fallbacks, preempted_s = engine.pre_rec, engine.pre_swap, engine.fallbacks, engine.preempted_s
@@ -72,7 +72,7 @@ def paged_result(engine, log, status, message) -> EngineResult:
         "recomputed_tokens": np.array(recomputed, dtype=np.int64),
         "swapped_bytes": np.array(swapped_bytes, dtype=np.int64), "reject_reason": reason,
     }).sort_values("request_id", kind="stable").reset_index(drop=True)
-    result = EngineResult(requests, iterations, status, message, 0, mem.capacity_tokens)
+    result = EngineResult(requests, iterations, status, message, clearing, mem.capacity_tokens)
     result.extra = {"memory": mem.describe(), "swap": engine.swap.describe()}
     return result
 

@@ -49,10 +49,10 @@ import numpy as np
 from kvstudy import records
 from kvstudy.decode_clock import DecodeClock
 from kvstudy.latency.models import VidurLatency
-from kvstudy.errors import KvStudyError
+from kvstudy.errors import ConfigError, KvStudyError
 from kvstudy.states import (DONE, FUTURE, REJECTED, RUNNING, SWAPPED, WAITING, EngineResult, PolicyError,
                             interrupted_message)
-from kvstudy.memory.paged import NEVER, PagedMemory
+from kvstudy.memory.paged import NEVER
 from kvstudy.policies.admission import Admission
 from kvstudy.policies.step import RECOMPUTE, SWAP, Decision, StepPolicy, StepView
 from kvstudy.swap_models import SwapModel, kv_bytes_per_gpu
@@ -72,8 +72,9 @@ class _Generated:
 
 
 class _WaitingSet(dict):
-    """The waiting requests as an insertion-ordered set (a dict of None), for a policy that keeps its own queue
-    orders (kvstudy/policies/admission.py): removing a request from anywhere costs O(1), not a deque's O(position)."""
+    """The waiting requests as a set (a dict of None), for a policy that keeps its own queue orders
+    (kvstudy/policies/admission.py): removing a request from anywhere costs O(1), not a deque's O(position), and
+    returning victims costs O(victims). Its order is never read."""
 
     def append(self, i: int) -> None:
         self[i] = None
@@ -82,10 +83,7 @@ class _WaitingSet(dict):
         del self[i]
 
     def extendleft(self, items) -> None:
-        front = list(items)[::-1]  # deque.extendleft's order: the last item ends first
-        rest = list(self)
-        self.clear()
-        self.update(dict.fromkeys(front + rest))
+        self.update(dict.fromkeys(items))
 
 
 class StepEngine:
@@ -94,7 +92,7 @@ class StepEngine:
     and ``overflow_cost=authors_code`` reproduce the MC-SF paper's and its authors' loop (memory=paper only)."""
 
     def __init__(self, requests: Requests, predicted: np.ndarray, policy: StepPolicy, latency,
-                 memory: PagedMemory, swap: SwapModel, arch, hardware, stall_limit: int = 100,
+                 memory, swap: SwapModel, arch, hardware, stall_limit: int = 100,
                  max_iterations: int = 50_000_000, progress: bool = False, direction=None,
                  overflow_cost: str = "batch", arrivals: str = "paper", max_batch=None,
                  raise_prediction_on_eviction: bool = False) -> None:
@@ -102,18 +100,41 @@ class StepEngine:
         if not isinstance(raise_prediction_on_eviction, bool):
             raise KvStudyError(f"engine.raise_prediction_on_eviction={raise_prediction_on_eviction!r}: allowed true, "
                                f"false")
-        if overflow_cost not in (("batch", "free", "authors_code") if paper else ("batch", "free")):
-            raise KvStudyError(f"engine.overflow_cost={overflow_cost!r}: allowed batch, free"
-                               + (", authors_code" if paper else f" on memory={memory.name}"))
+        if overflow_cost not in ("batch", "free", "authors_code"):
+            raise KvStudyError(f"engine.overflow_cost={overflow_cost!r}: allowed batch, free, authors_code")
         if arrivals not in ("paper", "authors_code"):
             raise KvStudyError(f"engine.arrivals={arrivals!r}: allowed paper, authors_code")
         if max_batch is not None and (isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1):
             raise KvStudyError(f"engine.max_batch={max_batch!r}: allowed null (no cap) or a whole number >= 1")
-        if not getattr(policy, "preemptive", False):  # order + admit: the engine adapts it (reset by the caller)
+        name = getattr(policy, "name", type(policy).__name__)
+        if paper and getattr(policy, "preemptive", False):
+            raise ConfigError(f"policy '{name}' preempts and needs memory=paged (memory=paper is the MC-SF paper's "
+                              f"admission-only model)")
+        if not paper:  # the MC-SF authors' loop settings: the paper's memory only, refused in one line elsewhere
+            if max_batch is not None:
+                raise ConfigError(f"engine.max_batch={max_batch} applies to memory=paper (the MC-SF authors' batch "
+                                  f"cap); on memory={memory.name} a policy caps its own batch (policy.max_num_seqs)")
+            for key, value in (("arrivals", arrivals), ("overflow_cost", overflow_cost)):
+                if value == "authors_code":
+                    raise ConfigError(f"engine.{key}=authors_code (set by regime=authors) reproduces the MC-SF "
+                                      f"authors' scripts on memory=paper; on memory={memory.name} choose "
+                                      f"latency=mcsf_authors alone for their batch-time formula")
+            if raise_prediction_on_eviction:
+                raise ConfigError(f"engine.raise_prediction_on_eviction=true is the paper loop's Fig. 5 remedy "
+                                  f"(memory=paper); memory={memory.name} keeps a recomputed request's tokens, so it "
+                                  f"has no such cycle")
+        if getattr(policy, "preemptive", False):
+            if not callable(getattr(policy, "step", None)):
+                raise PolicyError(f"policy '{name}' is preemptive but has no step(view) method (kvstudy/policies/step.py)")
+            if max_batch is not None or raise_prediction_on_eviction:
+                raise ConfigError(f"engine.max_batch and engine.raise_prediction_on_eviction apply to admission-only "
+                                  f"policies; policy '{name}' decides its own batch")
+        elif callable(getattr(policy, "schedule", None)):  # order + admit: the engine adapts it (reset by the caller)
             policy = Admission(policy, max_batch=max_batch, raise_on_eviction=raise_prediction_on_eviction)
-        elif max_batch is not None or raise_prediction_on_eviction:
-            raise KvStudyError(f"engine.max_batch and engine.raise_prediction_on_eviction apply to admission-only "
-                               f"policies; policy '{getattr(policy, 'name', policy)}' decides its own batch")
+        else:
+            raise PolicyError(f"policy '{name}' ({type(policy).__name__}) is neither a step policy (preemptive = True "
+                              f"and step(view): kvstudy/policies/step.py) nor an admission policy (order + admit: "
+                              f"kvstudy/policies/base.py)")
         self.overflow_cost, self.arrivals = overflow_cost, arrivals
         self.r, self.policy, self.latency, self.memory, self.swap = requests, policy, latency, memory, swap
         self.pred = np.asarray(predicted, dtype=np.int64)
@@ -247,6 +268,11 @@ class StepEngine:
             base = mem.held(i) if state[i] == RUNNING else 0
             need += max(0, mem.blocks(tokens) - max(base, mem.blocks(self.s_list[i] + self.generated[i])))
         if mem.used - freed + need > mem.num_blocks:
+            if isinstance(self.policy, Admission):  # a user's order + admit policy never wrote a "decision"
+                raise PolicyError(f"policy '{name}' admits requests whose prefills need {mem.used - freed + need} KV "
+                                  f"blocks with the running requests', more than the {mem.num_blocks} the cache has "
+                                  f"(memory={mem.name} charges a prefill in its own iteration: keep "
+                                  f"view.running_kv_tokens + view.kv_need(prompt) within view.capacity)")
             raise PolicyError(f"policy '{name}' needs {mem.used - freed + need} KV blocks after its decision, more "
                               f"than the {mem.num_blocks} the cache has")
 
@@ -266,7 +292,7 @@ class StepEngine:
             need += mem.blocks(s[i] + gen[i])
         return not mem.tracks_blocks or mem.used + need + len(self.growing) <= mem.num_blocks
 
-    def _clear(self, victims, t: float, log: list, name: str, step: int) -> float:
+    def _clear(self, victims, t: float, log: list, name: str) -> float:
         """A clearing event (the running requests' need for this iteration exceeds the memory): recompute the policy's
         victims (on the paper's memory: restart them), record the event as an ``overflow`` iteration and return its
         cost in seconds (``overflow_cost``: ``batch``, the latency of the batch that overflowed, which produces no
@@ -348,7 +374,8 @@ class StepEngine:
         self.target[i] = s[i] + g
         self.state[i] = WAITING
         self.pre_rec[i] += 1
-        if mem.tracks_blocks and mem.can_allocate(mem.blocks(s[i] + g)) == NEVER:  # vLLM ignores such a prompt
+        if mem.tracks_blocks and (mem.blocks(s[i] + g) > mem.num_blocks if isinstance(self.policy, Admission)
+                                  else mem.can_allocate(mem.blocks(s[i] + g)) == NEVER):  # vLLM ignores such a prompt
             self.state[i] = REJECTED
             self.reason[i] = (f"recompute after preemption needs {mem.blocks(s[i] + g)} blocks for prompt + "
                               f"generated = {s[i] + g} tokens; the watermark leaves "
@@ -452,8 +479,11 @@ class StepEngine:
         self.prefill_kv = 0  # KV tokens of running requests still in their prefill
         self.reason = [""] * n
         out = r.output_tokens.tolist()
+        adapted = isinstance(self.policy, Admission)
+        if adapted:
+            self.policy.forget()  # a second run of this engine starts from nothing, as the first
         for i in range(n):
-            why = mem.rejection(s[i], out[i])
+            why = mem.rejection(s[i], out[i], watermark=not adapted)
             if why:
                 state[i], self.reason[i] = REJECTED, why
         # the paper's records (kvstudy/records.py): each request's admission round and first token of the life that
@@ -478,7 +508,7 @@ class StepEngine:
         swap_seconds, overlap = self.swap.seconds, self.swap.overlap
         needs_generated = bool(getattr(self.latency, "needs_generated", False))
         t, step, nxt, no_token, completed, clearing = 0.0, 0, 0, 0, 0, 0
-        overflow = getattr(self.policy, "overflow", None)  # the engine detects overflow for this policy
+        overflow = getattr(self.policy, "overflow_victims", None)  # the engine detects overflow for this policy
         policy_s = 0.0  # wall time inside policy.step (the scheduling overhead CacheOPT's Sec. 5.3 compares)
         status, message = "completed", ""
         bar = None
@@ -542,7 +572,10 @@ class StepEngine:
                 view.step, view.time, view.num_arrived = step, t, nxt
                 if overflow is not None and mem.overflows(self.decode_ctx + len(running), len(growing)):
                     # an over-committing admission policy (kvstudy/policies/admission.py): a clearing event
-                    dt = self._clear(overflow(view), t, log, name, step)
+                    t0 = perf_counter()
+                    victims = overflow(view)
+                    policy_s += perf_counter() - t0
+                    dt = self._clear(victims, t, log, name)
                     t += dt
                     step += 1
                     clearing += 1
@@ -731,8 +764,7 @@ class StepEngine:
         rejected = int((state == REJECTED).sum())
         if status == "completed" and rejected:
             message = f"{rejected} request(s) rejected (see reject_reason)"
-        result = records.paged_result(self, log, status, message)
-        result.clearing_events = clearing
+        result = records.paged_result(self, log, status, message, clearing)
         result.extra["tbt_pooled"] = records.pooled_tbt(self)
         result.extra["policy_seconds"] = round(policy_s, 4)
         result.extra["policy_us_per_iteration"] = round(1e6 * policy_s / max(1, len(log)), 2)

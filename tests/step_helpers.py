@@ -39,11 +39,11 @@ class Recorder(StepPolicy):
         self.at_preemption = {}
         if callable(getattr(inner, "prepare", None)):  # CacheOPT's SLOs pass through
             self.prepare = inner.prepare
-        if callable(getattr(inner, "overflow", None)):  # an adapted admission policy: the engine detects overflow
-            self.overflow = self._overflow
+        if callable(getattr(inner, "overflow_victims", None)):  # an adapted admission policy: the engine detects it
+            self.overflow_victims = self._overflow
 
     def _overflow(self, view):
-        victims = self.inner.overflow(view)
+        victims = self.inner.overflow_victims(view)
         for i in victims:
             self.at_preemption[i] = view.generated[i]
         return victims

@@ -159,3 +159,96 @@ def test_the_adapters_token_counts_are_the_engines(memory, monkeypatch):
             else:
                 step_engine(req, policy, capacity=60, block_size=4, predicted=pred, stall_limit=40).run()
     assert sum(checked) > 1000
+
+
+@pytest.mark.parametrize("memory", ["paper", "paged"])
+def test_an_engine_run_twice_gives_the_same_result(memory):
+    from kvstudy.engine import Engine
+    from kvstudy.latency.models import UnitLatency
+
+    req = make_instance(np.array([5, 3, 7]), np.array([4, 6, 2]), np.array([0.0, 0.5, 1.0]))
+    policy = MCSF()
+    policy.reset(0)
+    engine = Engine(req, req.output_tokens, policy, UnitLatency(), 30) if memory == "paper" else \
+        step_engine(req, policy, capacity=32, block_size=4)
+    first = engine.run()
+    policy.reset(0)
+    again = engine.run()
+    assert first.status == again.status == "completed" and first.requests.equals(again.requests)
+
+
+class Returns(Policy):
+    name = "returns"
+
+    def __init__(self, value):
+        self.value = value
+
+    def order(self, view):
+        return np.arange(view.num_waiting)
+
+    def admit(self, view, order):
+        return self.value
+
+
+@pytest.mark.parametrize("value,match", [
+    (None, "returned NoneType for its admissions; expected an array or list of positions"),
+    ({0: 1}, "returned dict for its admissions"),
+    ([0.7], "returned values of type float64 for its admissions"),
+    (np.array([True, False]), "returned a boolean mask for its admissions"),
+    ([5], "returned admission position 5, outside 0..1"),
+    ([0, 0], "returned a admission position twice"),
+])
+@pytest.mark.parametrize("memory", ["paper", "paged"])
+def test_a_bad_admission_answer_is_named_in_one_line(value, match, memory):
+    from kvstudy.engine import Engine
+    from kvstudy.latency.models import UnitLatency
+    from kvstudy.states import PolicyError
+
+    req = make_instance(np.array([2, 2]), np.array([2, 2]))
+    policy = Returns(value)
+    engine = Engine(req, req.output_tokens, policy, UnitLatency(), 30) if memory == "paper" else \
+        step_engine(req, policy, capacity=32, block_size=4)
+    with pytest.raises(PolicyError, match=match):
+        engine.run()
+
+
+def test_what_is_not_a_policy_and_what_over_admits_are_named():
+    from kvstudy.states import PolicyError
+
+    req = make_instance(np.array([8, 8]), np.array([2, 2]))
+
+    class Neither:
+        name = "neither"
+
+        def reset(self, seed):
+            pass
+
+    with pytest.raises(PolicyError, match="is neither a step policy"):
+        step_engine(req, Neither())
+    with pytest.raises(PolicyError, match="admits requests whose prefills need 4 KV blocks with the running requests'"
+                                          ", more than the 3 the cache has"):
+        step_engine(req, Returns([0, 1]), capacity=12, block_size=4).run()
+
+
+def test_the_paper_loops_settings_are_refused_on_paged_memory_by_the_engine():
+    req = make_instance(np.array([2]), np.array([2]))
+    from tests.step_helpers import ARCH, HW
+    from kvstudy.memory import PagedMemory
+    from kvstudy.step_engine import StepEngine
+    from kvstudy.swap_models import PcieSwap
+    from kvstudy.latency.models import UnitLatency
+
+    for kw, match in [({"raise_prediction_on_eviction": True}, "Fig. 5 remedy"), ({"max_batch": 2}, "engine.max_batch=2"),
+                      ({"arrivals": "authors_code"}, "engine.arrivals=authors_code"),
+                      ({"overflow_cost": "authors_code"}, "engine.overflow_cost=authors_code")]:
+        with pytest.raises(ConfigError, match=match):
+            StepEngine(req, req.output_tokens, MCSF(), UnitLatency(), PagedMemory(32, block_size=4), PcieSwap(), ARCH,
+                       HW, **kw)
+
+
+def test_no_watermark_rejection_for_an_admission_policy():
+    """A request that fits the whole cache is never rejected under an admission policy (no vLLM watermark rule):
+    25 blocks of 4, watermark 0.1 (vLLM would leave 23 for a prompt); A (4, 93) alone needs 24 blocks at its end."""
+    req = make_instance(np.array([4, 4]), np.array([93, 12]), np.array([0.0, 84.0]))
+    res = step_engine(req, AlphaProtection(alpha=0.0), capacity=100, block_size=4, watermark=0.1).run()
+    assert res.status == "completed" and (res.requests.state == "done").all()

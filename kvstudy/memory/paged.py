@@ -83,13 +83,14 @@ class PagedMemory:
     def blocks(self, tokens: int) -> int:
         return -(-int(tokens) // self.block_size)
 
-    def rejection(self, prompt: int, output: int) -> str:
+    def rejection(self, prompt: int, output: int, watermark: bool = True) -> str:
         """Why a request can never be served (empty: it can): its prompt + output needs more blocks than the cache
-        has (it would preempt itself forever), or its prompt's blocks ``can_allocate`` calls NEVER."""
+        has (it would preempt itself forever), or (``watermark``: vLLM's rule, for the vLLM family) its prompt's
+        blocks ``can_allocate`` calls NEVER."""
         if self.blocks(prompt + output) > self.num_blocks:
             return (f"prompt + output = {prompt + output} tokens needs {self.blocks(prompt + output)} blocks, more "
                     f"than the cache's {self.num_blocks}")
-        if self.can_allocate(self.blocks(prompt)) == NEVER:
+        if watermark and self.can_allocate(self.blocks(prompt)) == NEVER:
             return (f"prompt of {prompt} tokens needs {self.blocks(prompt)} blocks; the watermark leaves "
                     f"{self.num_blocks - self.watermark_blocks}")
         return ""

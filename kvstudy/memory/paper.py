@@ -46,7 +46,7 @@ class PaperMemory:
     def bind(self, kv_bytes_per_token_per_gpu: int) -> None:
         """Start a run (nothing is held per request)."""
 
-    def rejection(self, prompt: int, output: int) -> str:
+    def rejection(self, prompt: int, output: int, watermark: bool = False) -> str:
         """Why a request can never be served (empty: it can): s + o above capacity, its last round's KV."""
         if prompt + output > self.capacity_tokens:
             return f"prompt + output = {prompt + output} tokens exceeds capacity {self.capacity_tokens}"

@@ -8,7 +8,7 @@ An admission-only policy (MC-SF, MC-Benchmark, alpha-protection, ``fcfs_watermar
 * every step, every running request decodes (``decode_all``) and the requests the policy admits start their prefill
   whole (prompt plus the tokens generated before a preemption, as a recompute does);
 * overflow: when the running requests' next tokens need more blocks than the cache has (possible only when a
-  policy over-commits: protection heuristics, under-predictions), the engine calls :meth:`Admission.overflow`,
+  policy over-commits: protection heuristics, under-predictions), the engine calls :meth:`Admission.overflow_victims`,
   which asks the policy's ``on_overflow`` for victims; the engine recomputes them (the paper's clearing) and
   charges the event as ``engine.overflow_cost`` says (``batch``: the overflowing batch's latency, no token).
 
@@ -19,13 +19,15 @@ under vLLM's token convention (the first token comes with the prefill, o - 1 dec
   prompt + g tokens in this iteration; its ``running_predicted`` is predicted - 1 decode rounds;
 * a waiting request is what its next prefill will be: ``waiting_prompt`` = prompt + g (g > 0 after a recompute
   preemption), ``waiting_predicted`` = max(0, predicted - 1 - g) decode rounds after it;
-* ``capacity`` is the cache's blocks x ``block_size`` tokens, ``running_kv_tokens`` the blocks the running requests
-  need in this iteration (their next tokens included), in tokens; a policy counts a request's KV in whole blocks
+* ``capacity`` is the cache's blocks x ``block_size`` tokens, ``running_kv_tokens`` the blocks the running requests'
+  contexts need in this iteration (prompt + generated tokens each, rounded up to blocks), in tokens; a policy counts
+  a request's KV in whole blocks
   with ``view.kv_need`` (MC-SF's eq. (5): :class:`~kvstudy.policies.memory_check.BlockFutureMemory`).
 
 The waiting arrays are in arrival order (request index); a recompute victim regains its arrival position (the
 paper's "returned to the queue"), whatever the engine's own queue order is. No watermark: the policy's own budget
-is the rule (``fcfs_watermark``'s ``watermark`` is its threshold).
+is the rule (``fcfs_watermark``'s ``watermark`` is its threshold), and a request is rejected only when it cannot fit
+the whole cache (vLLM's watermark rule for rejecting a prompt is the vLLM family's).
 """
 from __future__ import annotations
 
@@ -108,6 +110,28 @@ class _View(SchedulerView):
             yield from super().ordered_waiting(by)
 
 
+def positions(returned, size: int, what: str, name: str) -> np.ndarray:
+    """A policy's answer (positions into the waiting or the running arrays) checked: an integer sequence or array,
+    each in 0..size - 1, none twice; else one line naming the policy and the problem."""
+    if returned is None or isinstance(returned, (dict, str, bytes, set)):
+        raise PolicyError(f"policy '{name}' returned {type(returned).__name__} for its {what}s; expected an array or "
+                          f"list of positions (whole numbers 0..{size - 1})")
+    arr = np.asarray(returned)
+    if arr.size and (arr.dtype == bool or not np.issubdtype(arr.dtype, np.integer)):
+        kind = "a boolean mask" if arr.dtype == bool else f"values of type {arr.dtype}"
+        raise PolicyError(f"policy '{name}' returned {kind} for its {what}s; expected positions (whole numbers "
+                          f"0..{size - 1}), e.g. np.flatnonzero(mask)")
+    arr = arr.astype(np.int64, copy=False).ravel()
+    if len(arr) == 0:
+        return arr
+    if arr.min() < 0 or arr.max() >= size:
+        bad = int(arr[(arr < 0) | (arr >= size)][0])
+        raise PolicyError(f"policy '{name}' returned {what} position {bad}, outside 0..{size - 1}")
+    if len(arr) > 1 and len(set(arr.tolist())) != len(arr):
+        raise PolicyError(f"policy '{name}' returned a {what} position twice")
+    return arr
+
+
 class Admission(StepPolicy):
     """An admission-only :class:`Policy` as a step policy of the preemptive loop (module docstring)."""
 
@@ -119,13 +143,14 @@ class Admission(StepPolicy):
         policy sees it, rises to at least one more than the tokens it had produced (the Fig. 5 remedy)."""
         self.policy, self.name = policy, policy.name
         self.max_batch, self.raise_on_eviction = max_batch, raise_on_eviction
-        self._clear()
+        self.forget()
 
     def reset(self, seed: int) -> None:
         self.policy.reset(seed)
-        self._clear()
+        self.forget()
 
-    def _clear(self) -> None:
+    def forget(self) -> None:
+        """Drop what the adapter kept of a run (the engine calls this when a run starts)."""
         self._waiting: List[int] = []  # waiting requests, sorted by index (= arrival order, ties by id)
         self._by_pred = [] if getattr(self.policy, "waiting_order", None) == "predicted" else None
         self._arrived = 0
@@ -190,13 +215,10 @@ class Admission(StepPolicy):
         if not self._waiting:
             return DECODE_ALL
         view = _View(self, sv)
-        chosen = np.asarray(self.policy.schedule(view), dtype=np.int64).ravel()
+        waiting = self._waiting
+        chosen = positions(self.policy.schedule(view), len(waiting), "admission", self.name)
         if not len(chosen):
             return DECODE_ALL
-        waiting = self._waiting
-        if chosen.min() < 0 or chosen.max() >= len(waiting) or len(set(chosen.tolist())) != len(chosen):
-            raise PolicyError(f"policy '{self.name}' returned admission positions outside 0..{len(waiting) - 1} or "
-                              f"one twice")
         cap = self.max_batch
         if cap is not None and len(chosen) > cap - len(sv.running):
             chosen = chosen[: max(0, cap - len(sv.running))]  # decodes first, prompts fill the rest
@@ -222,7 +244,7 @@ class Admission(StepPolicy):
             off[i] = count - gen[i]
         return Decision(prefill=[(i, prompt[i] + gen[i]) for i in admitted], decode_all=True)
 
-    def overflow(self, sv) -> List[int]:
+    def overflow_victims(self, sv) -> List[int]:
         """The engine found that the running requests' next tokens do not fit: the policy's ``on_overflow`` names
         the victims (positions of the running arrays), returned as request indices for the engine to recompute."""
         if self._prompt is None:
@@ -230,14 +252,12 @@ class Admission(StepPolicy):
         self._sync(sv)
         view = _View(self, sv)
         run = sv.running
-        chosen = np.asarray(self.policy.on_overflow(view), dtype=np.int64).ravel()
-        if len(chosen) and (chosen.min() < 0 or chosen.max() >= len(run) or len(set(chosen.tolist())) != len(chosen)):
-            raise PolicyError(f"policy '{self.name}' returned eviction positions outside 0..{len(run) - 1} or one "
-                              f"twice")
+        chosen = positions(self.policy.on_overflow(view), len(run), "eviction", self.name)
         victims = [run[k] for k in chosen.tolist()]
         if self.raise_on_eviction and victims:
-            # an evicted request was still running after producing g tokens (its prompt's round and g - 1 decode
-            # rounds: the rounds it reached), so its length exceeds that: its prediction rises to at least g + 1
+            # the paper's memory only (the engine refuses the setting elsewhere): the paper loop's rule, an evicted
+            # request's prediction rises to at least one more than the tokens it had produced (g, its prompt round's
+            # token included; it was still running, so its length is larger)
             for i in victims:
                 raised = max(self._pred_list[i], sv.generated[i] + 1)
                 self._pred_list[i] = raised

@@ -5,9 +5,10 @@ A policy is two small pieces, as in vLLM's v1 scheduler and SGLang's ``schedule_
 * ``order(view)``: a permutation of the waiting queue (which request to consider first);
 * ``admit(view, order)``: the waiting requests to start in this iteration, in that order.
 
-The engine owns time and KV-cache accounting. It builds the ``SchedulerView``, checks every decision
-(ids must be waiting, distinct, and the batch must fit in memory now), and handles overflows through
-``on_overflow``. A view never holds true output lengths: only predictions (equal to the truth only
+The engine owns time and KV-cache accounting (kvstudy/step_engine.py, through the adapter
+kvstudy/policies/admission.py). It builds the ``SchedulerView``, checks every decision (positions of waiting requests,
+distinct; on paged memory the prefills must fit now; on the paper's memory admissions are not charged in their own
+round, constraint (3)), and handles overflows through ``on_overflow``. A view never holds true output lengths: only predictions (equal to the truth only
 under the ``oracle`` predictor).
 """
 from __future__ import annotations
@@ -22,7 +23,8 @@ class SchedulerView:
 
     ``running_generated`` is the number of decode rounds a running request has completed; in this
     round it runs decode ``generated + 1`` and holds ``prompt + generated + 1`` KV tokens (Sec. 2);
-    ``running_kv_tokens`` is their sum, the KV in use this round. The engine builds the arrays lazily:
+    ``running_kv_tokens`` is their sum, the KV in use this round (on paged memory each term rounded up to whole
+    blocks: ``block_size`` is set and ``kv_need`` rounds). The engine builds the arrays lazily:
     a policy pays only for the fields it reads (``head_prompts(k)`` reads just the head of the queue).
     """
 
@@ -98,7 +100,8 @@ class Policy:
 
     def on_overflow(self, view: SchedulerView) -> np.ndarray:
         """The true KV need of this round exceeds capacity: positions of running requests to evict
-        (sent back to the queue unprocessed). Default: all of them (alpha-protection greedy, Sec. 5.2)."""
+        (back to the queue: on the paper's memory they restart from their prompt; on paged memory they are recomputed,
+        keeping their tokens). Default: all of them (alpha-protection greedy, Sec. 5.2)."""
         return np.arange(len(view.running_ids))
 
 

@@ -124,8 +124,10 @@ class BlockFutureMemory:
     one ``w + tau`` from its prefill at tau = 0), but memory at a point is sum(ceil((w_i + tau) / block_size)) blocks,
     against ``budget // block_size``. Each term is non-decreasing in tau, so memory still peaks at completion points:
     checking tau = 0 and every d_j suffices, as after eq. (6). Point 0 starts from ``now_blocks``, the blocks the
-    running requests need this iteration (so a request past its predicted end still counts now). Cost per
-    candidate: O(K) for K points, plus O(N) when it adds a point (N requests kept)."""
+    running requests need this iteration (so a request past its predicted end still counts now).
+
+    Cost: the memory at every point from the running requests in O(N x block_size + K log N) (``_blocks_at``), then
+    O(K) per candidate plus O(N) when it adds a point (N requests kept, K points)."""
 
     def __init__(self, budget: int, running_w: np.ndarray, running_d: np.ndarray, block_size: int,
                  now_blocks: int) -> None:
@@ -136,13 +138,28 @@ class BlockFutureMemory:
         self.d = running_d[keep].astype(np.int64)
         self.now = int(now_blocks)
         self.pts = np.unique(self.d)
-        bs = self.bs
-        # blocks at each point: requests active there (d >= point), each ceil((w + point) / bs)
-        self.mem = np.array([int(((self.w[self.d >= p] + p + bs - 1) // bs).sum()) for p in self.pts.tolist()],
-                            dtype=np.int64)
+        self.mem = self._blocks_at(self.w, self.d, self.pts, self.bs)
 
-    def fits(self) -> bool:
-        return self.now <= self.capacity and bool(len(self.mem) == 0 or self.mem.max() <= self.capacity)
+    @staticmethod
+    def _blocks_at(w: np.ndarray, d: np.ndarray, pts: np.ndarray, bs: int) -> np.ndarray:
+        """sum over {i: d_i >= p} of ceil((w_i + p) / bs), for each point p. With w = bs q + r and p = bs a + b
+        (0 <= r, b < bs): ceil((w + p) / bs) = q + a + [r + b >= 1] + [r + b >= bs + 1]; so over the active set
+        it is sum(q) + count x a + #{r >= 1 - b} + #{r >= bs + 1 - b}, from prefix sums over the requests sorted by d
+        descending (the active set at p is a prefix) and, per prefix, counts of each remainder."""
+        if not len(pts):
+            return np.empty(0, dtype=np.int64)
+        order = np.argsort(-d, kind="stable")
+        q, r = np.divmod(w[order], bs)
+        active = np.searchsorted(-d[order], -pts, side="right")  # how many have d >= p
+        sum_q = np.concatenate(([0], np.cumsum(q)))
+        # at_least[k, t] = #{first k requests with r >= t}, t = 0 .. bs (t = bs: none)
+        onehot = np.zeros((len(q) + 1, bs + 1), dtype=np.int64)
+        onehot[np.arange(1, len(q) + 1), r] = 1
+        at_least = np.cumsum(np.cumsum(onehot[:, ::-1], axis=1)[:, ::-1], axis=0)
+        a, b = np.divmod(pts, bs)
+        first = at_least[active, np.where(b >= 1, 0, 1)]  # r >= 1 - b: everyone when b >= 1
+        second = at_least[active, np.minimum(bs + 1 - b, bs)]  # r >= bs + 1 - b: nobody when b = 0
+        return sum_q[active] + active * a + first + second
 
     def try_add(self, w: int, d: int) -> bool:
         """Add a request whose prefill of w tokens starts now and that then decodes d more rounds, if eq. (5) in

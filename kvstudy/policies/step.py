@@ -123,7 +123,11 @@ class StepView:
 
 
 class StepPolicy:
-    """Base class of preemptive policies: ``step(view) -> Decision``."""
+    """Base class of preemptive policies: ``step(view) -> Decision``.
+
+    Optional hook ``overflow_victims(view) -> [request, ...]``: a policy that has it lets the engine detect overflow
+    (the running requests' next tokens need more than the memory) before each step and recompute the requests it
+    names, as a clearing event (the adapter of admission-only policies, kvstudy/policies/admission.py, has it)."""
 
     name = "step"
     preemptive = True

@@ -25,7 +25,11 @@ import numpy as np
 
 
 class DecodeClock:
-    def __init__(self, n: int, prompt, output, block_size: int, held: dict, last_token: list, max_gap: list) -> None:
+    def __init__(self, n: int, prompt, output, block_size: int, held: dict, last_token: list, max_gap: list,
+                 gaps: bool = True) -> None:
+        """``gaps`` false: no gap between tokens is kept (the paper's records compute time between tokens from the
+        iterations' stamps instead, kvstudy/records.py)."""
+        self.track_gaps = gaps
         self.D = 0
         self.gen = [0] * n
         self.cb = [0] * n
@@ -57,12 +61,13 @@ class DecodeClock:
         self.gen[i], self.cb[i], self.on[i] = g, self.D, True
         self.count += 1
         self.finish_at[self.D + self.o[i] - g].append(i)
-        self._next_growth(i, g)
+        if self.bs:
+            self._next_growth(i, g)
 
     def stop(self, i: int) -> int:
         """Request i leaves the clock: its tokens and token gaps are written back; returns its tokens."""
         cb, D = self.cb[i], self.D
-        if D > cb:
+        if D > cb and self.track_gaps:
             first = self.ends[cb] - self.last_token[i]
             self.first_gaps.append(first)
             if D - cb > 1:
@@ -108,7 +113,8 @@ class DecodeClock:
     def tick(self, end: float) -> list:
         """A counted iteration ended at ``end``: every clocked request produced a token. Returns the
         requests whose last token that was (still on the clock; the caller stops them)."""
-        self.gaps.append(end - self.ends[-1] if self.ends else 0.0)
+        if self.track_gaps:
+            self.gaps.append(end - self.ends[-1] if self.ends else 0.0)
         self.ends.append(end)
         self.D += 1
         due = self.finish_at.pop(self.D, None)

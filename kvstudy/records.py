@@ -86,7 +86,7 @@ def paper_result(engine, log, status, message, clearing: int) -> EngineResult:
     r, M, state = engine.r, engine.memory.capacity_tokens, engine.state
     if status == "completed" and (state == REJECTED).any():
         message = f"{int((state == REJECTED).sum())} request(s) rejected: prompt + output exceeds capacity {M}"
-    table = np.array([row[:9] for row in log], dtype=float).reshape(len(log), 9)
+    table = np.array(log, dtype=float).reshape(len(log), 9)  # the loop logs nine columns on the paper's memory
     iterations = pd.DataFrame({c: table[:, k].astype(kind)
                                for k, (c, kind) in enumerate(zip(PAPER_ITERATION_COLUMNS, ITERATION_TYPES))})
     start, dur, over = (iterations[c].to_numpy() for c in ("start", "duration", "overflow"))

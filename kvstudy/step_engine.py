@@ -330,8 +330,9 @@ class StepEngine:
             p_round = self.p_round
             for i in running:
                 p_round[i] += 1
-        log.append((t, dt, n_dec, 0, 0, ctx + n_dec, mem.capacity_tokens, True, len(victims), used, 0,
-                    mem.num_blocks - used, mem.host_used, 0.0, 0, len(victims), 0, 0))
+        row = (t, dt, n_dec, 0, 0, ctx + n_dec, mem.capacity_tokens, True, len(victims))
+        log.append(row if self.paper else row + (used, 0, mem.num_blocks - used, mem.host_used, 0.0, 0, len(victims), 0,
+                                                 0))
         return dt
 
     # --- per-request events (few per iteration) -------------------------------------------------------------
@@ -466,7 +467,7 @@ class StepEngine:
         self.last_token, self.max_gap = [math.nan] * n, [0.0] * n
         self.off_clock_gaps = []  # gaps between tokens produced off the decode clock (pooled TBT)
         self.clock = DecodeClock(n, s, o, mem.block_size if mem.tracks_blocks else 0, mem.gpu, self.last_token,
-                                 self.max_gap)
+                                 self.max_gap, gaps=not self.paper)
         self.generated = _Generated(self.clock)
         self.prefilled, self.target = [0] * n, list(s)
         self.waiting, self.running, self.swapped = deque(), [], deque()
@@ -499,8 +500,10 @@ class StepEngine:
         s, o, a = self.s_list, self.o_list, self.a_list
         state, waiting, running, swapped = self.state, self.waiting, self.running, self.swapped
         prefilling, growing, prefilled, target = self.prefilling, self.growing, self.prefilled, self.target
-        bs, num_blocks = mem.block_size, mem.num_blocks
+        bs, num_blocks, capacity, paper, tracks = (mem.block_size, mem.num_blocks, mem.capacity_tokens, self.paper,
+                                                   mem.tracks_blocks)
         view = StepView(self, 0, 0.0)  # its containers are the engine's own: one view serves every step
+        first_token, last_token = self.first_token, self.last_token
         log = []
         iteration_seconds = self.latency.iteration_seconds
         if type(self.latency) is VidurLatency:  # the same call without one layer of indirection per step
@@ -509,6 +512,10 @@ class StepEngine:
         needs_generated = bool(getattr(self.latency, "needs_generated", False))
         t, step, nxt, no_token, completed, clearing = 0.0, 0, 0, 0, 0, 0
         overflow = getattr(self.policy, "overflow_victims", None)  # the engine detects overflow for this policy
+        # what the engine checks of a decision: everything, except the adapter's on the paper's memory, which holds
+        # just the positions the adapter validated (kvstudy/policies/admission.py ``positions``) and has no capacity
+        # to check (constraint (3): admissions are not charged; an overflow is caught at the next round)
+        check = not (paper and isinstance(self.policy, Admission))
         policy_s = 0.0  # wall time inside policy.step (the scheduling overhead CacheOPT's Sec. 5.3 compares)
         status, message = "completed", ""
         bar = None
@@ -589,7 +596,8 @@ class StepEngine:
                 t0 = perf_counter()
                 d = self.policy.step(view)
                 policy_s += perf_counter() - t0
-                self._check(d, name)
+                if check:
+                    self._check(d, name)
                 # 1. preempt; vLLM's waiting.extendleft(preempted): the last victim (the earliest admitted) ends first
                 self.moved_out = self.moved_in = n_rec = 0
                 for i, mode in d.preempt:
@@ -619,10 +627,11 @@ class StepEngine:
                         clock.start(i, clock.gen[i])
                     n_dec = len(running) - len(prefilling)
                     ctx_now = self.decode_ctx
-                    grew = [i for i in growing if clock.on[i]]  # preempted ones are off the clock
-                    for i in grew:
-                        mem.hold(i, (s[i] + clock.generated(i) + bs - 1) // bs)
-                    clock.grown(grew)
+                    if growing or clock.D in clock.grow_at:  # (never on the paper's memory: no blocks)
+                        grew = [i for i in growing if clock.on[i]]  # preempted ones are off the clock
+                        for i in grew:
+                            mem.hold(i, (s[i] + clock.generated(i) + bs - 1) // bs)
+                        clock.grown(grew)
                 elif not listed:  # no decodes (a prefill-only step): swapped-in requests decode from the next one
                     for i in d.swap_in:
                         clock.start(i, clock.gen[i])
@@ -705,8 +714,11 @@ class StepEngine:
                         self.prefill_kv -= p
                         produced += 1
                         clock.gen[i] += 1
-                        self._token(i, stamp)
-                        if self.paper:  # the paper's records: this life's admission round and first token
+                        if first_token[i] != first_token[i]:  # its first token (NaN before): no gap to count
+                            first_token[i] = last_token[i] = stamp
+                        else:
+                            self._token(i, stamp)
+                        if paper:  # the paper's records: this life's admission round and first token
                             self.p_round[i], self.admit_stamp[i] = step, stamp
                         if clock.gen[i] == o[i]:
                             finished.append(i)
@@ -724,11 +736,13 @@ class StepEngine:
                             clock.start(i, clock.gen[i])
                 # KV held during this iteration (before completions free it), and blocks held beyond it
                 reserved = self._reserved_blocks() if prefilling or self.reserved_ids else 0
-                # the paper charges the round's decoders, sum(s + j + 1), not the prompts it admits (constraint (3))
-                kv_now = ctx_now + n_dec if self.paper else self.decode_ctx + self.prefill_kv + done_at_prefill
-                log.append((t, dt, len(chunks) + n_dec, prefill_tokens, n_dec, kv_now, mem.capacity_tokens, False,
-                            len(d.preempt), mem.used, reserved, num_blocks - mem.used, mem.host_used, swap_s, partial, n_rec,
-                            len(d.preempt) - n_rec, len(d.swap_in)))
+                if paper:  # the paper's nine columns: its round's decoders, sum(s + j + 1), not the prompts it admits
+                    log.append((t, dt, len(chunks) + n_dec, prefill_tokens, n_dec, ctx_now + n_dec, capacity, False, 0))
+                else:
+                    log.append((t, dt, len(chunks) + n_dec, prefill_tokens, n_dec,
+                                self.decode_ctx + self.prefill_kv + done_at_prefill, capacity, False, len(d.preempt),
+                                mem.used, reserved, num_blocks - mem.used, mem.host_used, swap_s, partial, n_rec,
+                                len(d.preempt) - n_rec, len(d.swap_in)))
                 self.decode_ctx -= left_ctx
                 self.decode_prompts -= left_prompts
                 if finished:
@@ -738,7 +752,8 @@ class StepEngine:
                     self.done_round[i] = step
                     state[i] = DONE
                     running.remove(i)
-                    self._free(i)
+                    if tracks:  # the paper's memory holds nothing per request
+                        self._free(i)
                     self.reserved_ids.discard(i)
                 completed += len(finished)
                 if bar is not None and finished:

@@ -113,6 +113,13 @@ class _View(SchedulerView):
 def positions(returned, size: int, what: str, name: str) -> np.ndarray:
     """A policy's answer (positions into the waiting or the running arrays) checked: an integer sequence or array,
     each in 0..size - 1, none twice; else one line naming the policy and the problem."""
+    if type(returned) is np.ndarray and returned.dtype == np.int64 and returned.ndim == 1:  # the usual answer
+        arr = returned
+        if len(arr) == 0:
+            return arr
+        if arr[0] >= 0 and arr.max() < size and (len(arr) == 1 or arr.min() >= 0):
+            if len(arr) == 1 or len(set(arr.tolist())) == len(arr):
+                return arr
     if returned is None or isinstance(returned, (dict, str, bytes, set)):
         raise PolicyError(f"policy '{name}' returned {type(returned).__name__} for its {what}s; expected an array or "
                           f"list of positions (whole numbers 0..{size - 1})")
@@ -189,14 +196,19 @@ class Admission(StepPolicy):
 
     def _sync(self, sv) -> None:
         """Bring the adapter's queue orders up to date: new arrivals, returned overflow victims."""
+        if sv.num_arrived == self._arrived and not self._returned:
+            return
         state, gen = sv.state, sv.waiting_generated
         by_pred = self._by_pred
-        for i in range(self._arrived, sv.num_arrived):
-            if state[i] == WAITING:
-                self._waiting.append(i)
-                if by_pred is not None:
-                    bisect.insort(by_pred, self._key(i, gen))
-        self._arrived = max(self._arrived, sv.num_arrived)
+        if sv.num_arrived > self._arrived:
+            for i in range(self._arrived, sv.num_arrived):
+                if state[i] == WAITING:
+                    self._waiting.append(i)
+                    if by_pred is not None:
+                        bisect.insort(by_pred, self._key(i, gen))
+            self._arrived = sv.num_arrived
+        if not self._returned:
+            return
         back = [i for i in self._returned if state[i] == WAITING]  # not rejected after a preemption
         if len(back) <= 8:  # typical (a few victims): a binary-search insert each
             for i in back:

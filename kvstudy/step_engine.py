@@ -59,6 +59,7 @@ from kvstudy.swap_models import SwapModel, kv_bytes_per_gpu
 from kvstudy.workloads.requests import Requests
 
 STATE_NAMES, ITERATION_COLUMNS, ITERATION_TYPES = records.STATE_NAMES, records.ITERATION_COLUMNS, records.ITERATION_TYPES
+NO_CHUNKS: tuple = ()  # a decode-only iteration's prefill chunks
 
 
 class _Generated:
@@ -437,6 +438,18 @@ class StepEngine:
                 self.max_gap[i] = gap
         self.last_token[i] = end
 
+    def _finish(self, finished, stamp: float, step: int) -> None:
+        """The requests in ``finished`` produced their last token in iteration ``step``, stamped ``stamp``."""
+        state, running, tracks = self.state, self.running, self.memory.tracks_blocks
+        for i in finished:
+            self.completion[i] = stamp
+            self.done_round[i] = step
+            state[i] = DONE
+            running.remove(i)
+            if tracks:  # the paper's memory holds nothing per request
+                self._free(i)
+            self.reserved_ids.discard(i)
+
     def _reserved_blocks(self) -> int:
         """Blocks held beyond the running requests' contexts (chunked prefills, reservations)."""
         gpu, bs, s = self.memory.gpu, self.memory.block_size, self.s_list
@@ -598,6 +611,48 @@ class StepEngine:
                 policy_s += perf_counter() - t0
                 if check:
                     self._check(d, name)
+                if d.decode_all and not (d.preempt or d.swap_in or d.prefill or d.decode or d.reserve or d.lend
+                                         or prefilling or self.reserved_ids) and running:
+                    # the most common step, the general path's arithmetic without its empty branches: every running
+                    # request decodes, nothing else happens
+                    n_dec, ctx_now = len(running), self.decode_ctx
+                    if growing or clock.D in clock.grow_at:
+                        grew = [i for i in growing if clock.on[i]]
+                        for i in grew:
+                            mem.hold(i, (s[i] + clock.generated(i) + bs - 1) // bs)
+                        clock.grown(grew)
+                    if needs_generated:
+                        compute = float(iteration_seconds(NO_CHUNKS, n_dec, ctx_now,
+                                                          decode_generated_sum=ctx_now + n_dec - self.decode_prompts))
+                    else:
+                        compute = float(iteration_seconds(NO_CHUNKS, n_dec, ctx_now))
+                    dt = max(compute, 0.0) if overlap else compute + 0.0
+                    end = t + dt
+                    stamp = t if at_start else end
+                    finished = clock.tick(stamp)
+                    left_ctx = left_prompts = 0
+                    for i in finished:
+                        clock.stop(i)
+                        left_ctx += s[i] + o[i] - 1
+                        left_prompts += s[i]
+                    if paper:
+                        log.append((t, dt, n_dec, 0, n_dec, ctx_now + n_dec, capacity, False, 0))
+                    else:
+                        log.append((t, dt, n_dec, 0, n_dec, ctx_now + n_dec, capacity, False, 0, mem.used, 0,
+                                    num_blocks - mem.used, mem.host_used, 0.0, 0, 0, 0, 0))
+                    self.decode_ctx = ctx_now + n_dec - left_ctx
+                    self.decode_prompts -= left_prompts
+                    if finished:
+                        since_completion = 0
+                        self._finish(finished, stamp, step)
+                        completed += len(finished)
+                        if bar is not None:
+                            bar.update(len(finished))
+                    no_token = 0
+                    t = end
+                    view.last_iteration_seconds = dt
+                    step += 1
+                    continue
                 # 1. preempt; vLLM's waiting.extendleft(preempted): the last victim (the earliest admitted) ends first
                 self.moved_out = self.moved_in = n_rec = 0
                 for i, mode in d.preempt:
@@ -747,14 +802,7 @@ class StepEngine:
                 self.decode_prompts -= left_prompts
                 if finished:
                     since_completion = 0
-                for i in finished:
-                    self.completion[i] = stamp
-                    self.done_round[i] = step
-                    state[i] = DONE
-                    running.remove(i)
-                    if tracks:  # the paper's memory holds nothing per request
-                        self._free(i)
-                    self.reserved_ids.discard(i)
+                    self._finish(finished, stamp, step)
                 completed += len(finished)
                 if bar is not None and finished:
                     bar.update(len(finished))  # tqdm redraws at most every mininterval

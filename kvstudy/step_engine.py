@@ -717,10 +717,12 @@ class StepEngine:
                             continue
                         if overflow is not None:  # an admission policy that admits nothing now never will
                             first = min(waiting)  # the first in arrival order
+                            prediction = getattr(self.policy, "prediction", None)  # as the policy sees it
                             status = "stalled"
                             message = (f"policy '{name}' admits none of {len(waiting)} waiting request(s) on an idle "
                                        f"engine (first: request {self.id_list[first]}, prompt {s[first]}, predicted "
-                                       f"output {self.policy.prediction(first)}, capacity {mem.capacity_tokens})")
+                                       f"output {prediction(first) if prediction else self.pred_list[first]}, "
+                                       f"capacity {mem.capacity_tokens})")
                             break
                     no_token += 1
                     if no_token >= self.stall_limit:

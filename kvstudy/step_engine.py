@@ -824,7 +824,7 @@ class StepEngine:
         for i in running:  # a run stopped early: tokens of requests still on the clock
             if clock.on[i]:
                 clock.stop(i)
-        if self.paper:  # the MC-SF paper loop's tables, as it always wrote them
+        if self.paper:  # the paper's memory: the tables the old paper loop wrote, column for column
             return records.paper_result(self, log, status, message, clearing)
         rejected = int((state == REJECTED).sum())
         if status == "completed" and rejected:

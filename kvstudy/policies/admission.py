@@ -1,8 +1,10 @@
-"""Admission-only policies (``order`` + ``admit``) on paged memory: the engine's adapter (issue 34, item 2).
+"""Admission-only policies (``order`` + ``admit``) in the one loop, on either memory model: the engine's adapter
+(issue 34, items 1 and 2). On the paper's memory it reproduces the old paper loop's view and decisions exactly; on
+paged memory it is what lets MC-SF and its family run beside the vLLM family.
 
 An admission-only policy (MC-SF, MC-Benchmark, alpha-protection, ``fcfs_watermark``, a new idea written as a
 :class:`~kvstudy.policies.base.Policy`) says which waiting requests start; it preempts only when memory overflows.
-:class:`Admission` makes it a step policy of the preemptive loop (kvstudy/step_engine.py), so it runs on
+:class:`Admission` makes it a step policy of the one loop (kvstudy/step_engine.py), so it runs on
 ``memory=paged`` beside vLLM, Sarathi, the RR-SJF family and CacheOPT, on the same requests and token convention:
 
 * every step, every running request decodes (``decode_all``) and the requests the policy admits start their prefill
@@ -12,8 +14,10 @@ An admission-only policy (MC-SF, MC-Benchmark, alpha-protection, ``fcfs_watermar
   which asks the policy's ``on_overflow`` for victims; the engine recomputes them (the paper's clearing) and
   charges the event as ``engine.overflow_cost`` says (``batch``: the overflowing batch's latency, no token).
 
-What the policy sees is a :class:`SchedulerView` in the MC-SF paper's frame (Sec. 2), so eq. (5) keeps its form
-under vLLM's token convention (the first token comes with the prefill, o - 1 decodes follow):
+What the policy sees is a :class:`SchedulerView` in the MC-SF paper's frame (Sec. 2). On the paper's memory that is
+the memory's own convention (predictions are decode rounds; capacity and KV in tokens, the admission round free). On
+paged memory eq. (5) keeps its form under vLLM's token convention (the first token comes with the prefill, o - 1
+decodes follow):
 
 * a running request with g tokens generated has completed ``running_generated`` = g - 1 decode rounds and holds
   prompt + g tokens in this iteration; its ``running_predicted`` is predicted - 1 decode rounds;
@@ -95,7 +99,7 @@ class _View(SchedulerView):
 
     def ordered_waiting(self, by: str):
         """Served from the adapter's own orders (arrival; eq. (6)'s shortest predicted first), lazily: a policy that
-        stops at the first request that does not fit reads only the head (as the paper loop's view)."""
+        stops at the first request that does not fit reads only the head (as the old paper loop's view did)."""
         a, sv = self._a, self._sv
         gen, prompt, waiting = sv.waiting_generated, sv.prompt, a._waiting
         if by == "arrival":
@@ -140,7 +144,7 @@ def positions(returned, size: int, what: str, name: str) -> np.ndarray:
 
 
 class Admission(StepPolicy):
-    """An admission-only :class:`Policy` as a step policy of the preemptive loop (module docstring)."""
+    """An admission-only :class:`Policy` as a step policy of the one loop (module docstring)."""
 
     preemptive = True
 

@@ -226,6 +226,11 @@ def run_context(cfg: DictConfig, latency: bool = True) -> RunContext:
     """What a run of ``cfg`` builds before its first iteration (requests, predictions, model, hardware, KV capacity,
     latency model) with the means to run other configs: the argument of a policy's ``before_run`` hook."""
     check_config(cfg)
+    return _context(cfg, latency)
+
+
+def _context(cfg: DictConfig, latency: bool) -> RunContext:
+    """``run_context`` of a config already checked."""
     arch, hw, capacity, _ = model_setup(cfg, latency=False)
     seed = int(cfg.seed)
     requests, predicted = build_requests(cfg, arch, np.random.SeedSequence(seed))
@@ -248,7 +253,7 @@ def simulate(cfg: DictConfig) -> Tuple[EngineResult, dict]:
     started = time.perf_counter()
     check_config(cfg)
     policy = build_policy(cfg)
-    ctx = run_context(cfg)
+    ctx = _context(cfg, latency=True)
     requests, predicted, arch, hw, capacity, latency, seed = (ctx.requests, ctx.predicted, ctx.arch, ctx.hardware,
                                                               ctx.capacity, ctx.latency, ctx.seed)
     before, after = getattr(policy, "before_run", None), getattr(policy, "after_run", None)

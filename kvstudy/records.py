@@ -79,7 +79,7 @@ def paged_result(engine, log, status, message, clearing: int) -> EngineResult:
 
 #: the paper convention's iteration columns: the first nine of ``ITERATION_COLUMNS``
 PAPER_ITERATION_COLUMNS = ITERATION_COLUMNS[:9]
-PAPER_STATE_NAMES = np.array(["future", "waiting", "running", "done", "rejected"])
+PAPER_STATE_NAMES = STATE_NAMES[:5]  # no request is swapped out on the paper's memory
 
 
 def paper_result(engine, log, status, message, clearing: int) -> EngineResult:

@@ -137,6 +137,8 @@ class StepEngine:
                               f"and step(view): kvstudy/policies/step.py) nor an admission policy (order + admit: "
                               f"kvstudy/policies/base.py)")
         self.overflow_cost, self.arrivals = overflow_cost, arrivals
+        #: an admission-only policy through the adapter: no vLLM watermark rule, its own queue orders
+        self.adapted = isinstance(policy, Admission)
         self.r, self.policy, self.latency, self.memory, self.swap = requests, policy, latency, memory, swap
         self.pred = np.asarray(predicted, dtype=np.int64)
         self.direction = None if direction is None else np.asarray(direction, dtype=np.int8).tolist()
@@ -147,6 +149,17 @@ class StepEngine:
         #: request; under latency=unit a round's tokens are stamped with its start (the round's index)
         self.paper = paper
         self.at_start = paper and bool(getattr(latency, "stamps_at_start", False))
+        self.needs_generated = bool(getattr(latency, "needs_generated", False))
+        self.seconds = self._timer(latency, self.needs_generated)
+
+    @staticmethod
+    def _timer(latency, needs_generated: bool):
+        """``seconds(chunks, decodes, their cached context, their produced tokens)``: the latency model's time of one
+        iteration (the produced tokens only for a model that reads them: the MC-SF authors' formula)."""
+        call = latency.tables.iteration_ms if type(latency) is VidurLatency else latency.iteration_seconds
+        if needs_generated:
+            return lambda chunks, n, ctx, gen: float(call(chunks, n, ctx, decode_generated_sum=gen))
+        return lambda chunks, n, ctx, gen: float(call(chunks, n, ctx))
 
     # --- the policy's decision --------------------------------------------------------------------------
     def _check(self, d: Decision, name: str) -> None:
@@ -269,7 +282,7 @@ class StepEngine:
             base = mem.held(i) if state[i] == RUNNING else 0
             need += max(0, mem.blocks(tokens) - max(base, mem.blocks(self.s_list[i] + self.generated[i])))
         if mem.used - freed + need > mem.num_blocks:
-            if isinstance(self.policy, Admission):  # a user's order + admit policy never wrote a "decision"
+            if self.adapted:  # a user's order + admit policy never wrote a "decision"
                 raise PolicyError(f"policy '{name}' admits requests whose prefills need {mem.used - freed + need} KV "
                                   f"blocks with the running requests', more than the {mem.num_blocks} the cache has "
                                   f"(memory={mem.name} charges a prefill in its own iteration: keep "
@@ -310,11 +323,7 @@ class StepEngine:
         n_dec, ctx = len(running) - len(self.prefilling), self.decode_ctx
         dt = 0.0
         if self.overflow_cost == "batch":
-            if getattr(self.latency, "needs_generated", False):
-                gen_sum = ctx + n_dec - self.decode_prompts
-                dt = float(self.latency.iteration_seconds([], n_dec, ctx, decode_generated_sum=gen_sum))
-            else:
-                dt = float(self.latency.iteration_seconds([], n_dec, ctx))
+            dt = self.seconds(NO_CHUNKS, n_dec, ctx, ctx + n_dec - self.decode_prompts)
         used = mem.used
         if len(victims) > 8:  # a clearing of many (alpha-greedy clears all): one pass over the running list
             gone = set(victims)
@@ -376,8 +385,9 @@ class StepEngine:
         self.target[i] = s[i] + g
         self.state[i] = WAITING
         self.pre_rec[i] += 1
-        if mem.tracks_blocks and (mem.blocks(s[i] + g) > mem.num_blocks if isinstance(self.policy, Admission)
-                                  else mem.can_allocate(mem.blocks(s[i] + g)) == NEVER):  # vLLM ignores such a prompt
+        # vLLM ignores such a prompt (an admission policy's request always fits: _setup rejected any whose prompt +
+        # output cannot, and no watermark applies to it)
+        if mem.tracks_blocks and not self.adapted and mem.can_allocate(mem.blocks(s[i] + g)) == NEVER:
             self.state[i] = REJECTED
             self.reason[i] = (f"recompute after preemption needs {mem.blocks(s[i] + g)} blocks for prompt + "
                               f"generated = {s[i] + g} tokens; the watermark leaves "
@@ -493,7 +503,7 @@ class StepEngine:
         self.prefill_kv = 0  # KV tokens of running requests still in their prefill
         self.reason = [""] * n
         out = r.output_tokens.tolist()
-        adapted = isinstance(self.policy, Admission)
+        adapted = self.adapted
         if adapted:
             self.policy.forget()  # a second run of this engine starts from nothing, as the first
         for i in range(n):
@@ -503,7 +513,7 @@ class StepEngine:
         # the paper's records (kvstudy/records.py): each request's admission round and first token of the life that
         # completes it (an overflow round moves its survivors' schedules one round later), and its last round
         self.p_round, self.admit_stamp, self.done_round = [-1] * n, [math.nan] * n, [-1] * n
-        if isinstance(self.policy, Admission):  # it keeps its own queue orders: the engine's needs O(1) removal
+        if adapted:  # it keeps its own queue orders: the engine's needs O(1) removal
             self.waiting = _WaitingSet()
 
     def run(self) -> EngineResult:
@@ -518,17 +528,15 @@ class StepEngine:
         view = StepView(self, 0, 0.0)  # its containers are the engine's own: one view serves every step
         first_token, last_token = self.first_token, self.last_token
         log = []
-        iteration_seconds = self.latency.iteration_seconds
-        if type(self.latency) is VidurLatency:  # the same call without one layer of indirection per step
-            iteration_seconds = self.latency.tables.iteration_ms
+        seconds = self.seconds
         swap_seconds, overlap = self.swap.seconds, self.swap.overlap
-        needs_generated = bool(getattr(self.latency, "needs_generated", False))
+        needs_generated = self.needs_generated
         t, step, nxt, no_token, completed, clearing = 0.0, 0, 0, 0, 0, 0
         overflow = getattr(self.policy, "overflow_victims", None)  # the engine detects overflow for this policy
         # what the engine checks of a decision: everything, except the adapter's on the paper's memory, which holds
         # just the positions the adapter validated (kvstudy/policies/admission.py ``positions``) and has no capacity
         # to check (constraint (3): admissions are not charged; an overflow is caught at the next round)
-        check = not (paper and isinstance(self.policy, Admission))
+        check = not (paper and self.adapted)
         policy_s = 0.0  # wall time inside policy.step (the scheduling overhead CacheOPT's Sec. 5.3 compares)
         status, message = "completed", ""
         bar = None
@@ -563,18 +571,12 @@ class StepEngine:
 
         try:
             while True:
-                if strict and not self.idled:
-                    while nxt < n and a[nxt] < t:
-                        if state[nxt] == FUTURE:
-                            state[nxt] = WAITING
-                            waiting.append(nxt)
-                        nxt += 1
-                else:
-                    while nxt < n and a[nxt] <= t:
-                        if state[nxt] == FUTURE:
-                            state[nxt] = WAITING
-                            waiting.append(nxt)
-                        nxt += 1
+                inclusive = not strict or self.idled
+                while nxt < n and (a[nxt] <= t if inclusive else a[nxt] < t):
+                    if state[nxt] == FUTURE:
+                        state[nxt] = WAITING
+                        waiting.append(nxt)
+                    nxt += 1
                 self.idled = False
                 if not waiting and not running and not swapped:
                     woke = wake()
@@ -621,11 +623,7 @@ class StepEngine:
                         for i in grew:
                             mem.hold(i, (s[i] + clock.generated(i) + bs - 1) // bs)
                         clock.grown(grew)
-                    if needs_generated:
-                        compute = float(iteration_seconds(NO_CHUNKS, n_dec, ctx_now,
-                                                          decode_generated_sum=ctx_now + n_dec - self.decode_prompts))
-                    else:
-                        compute = float(iteration_seconds(NO_CHUNKS, n_dec, ctx_now))
+                    compute = seconds(NO_CHUNKS, n_dec, ctx_now, ctx_now + n_dec - self.decode_prompts)
                     dt = max(compute, 0.0) if overlap else compute + 0.0
                     end = t + dt
                     stamp = t if at_start else end
@@ -732,14 +730,11 @@ class StepEngine:
                                    f"running and {len(swapped)} swapped")
                         break
                     continue
-                if needs_generated:  # the MC-SF authors' formula: the decodes' produced tokens (prompt not counted)
-                    if d.decode_all:
-                        gen_sum = ctx_now + n_dec - self.decode_prompts
-                    else:
-                        gen_sum = sum(clock.gen[i] for i in d.decode) if listed else 0
-                    compute = float(iteration_seconds(chunks, n_dec, ctx_now, decode_generated_sum=gen_sum))
+                if d.decode_all:  # the decodes' produced tokens (the MC-SF authors' formula counts them)
+                    gen_sum = ctx_now + n_dec - self.decode_prompts
                 else:
-                    compute = float(iteration_seconds(chunks, n_dec, ctx_now))
+                    gen_sum = sum(clock.gen[i] for i in d.decode) if listed and needs_generated else 0
+                compute = seconds(chunks, n_dec, ctx_now, gen_sum)
                 dt = max(compute, swap_s) if overlap else compute + swap_s
                 end = t + dt
                 stamp = t if at_start else end  # when this iteration's tokens are stamped

@@ -244,9 +244,8 @@ class Admission(StepPolicy):
         gen, prompt = sv.waiting_generated, sv.prompt
         by_pred = self._by_pred
         if by_pred is not None:
-            n, shift, pred = self._n, self._shift, self._pred_list
             for i in admitted:
-                del by_pred[bisect.bisect_left(by_pred, max(0, pred[i] - shift - gen[i]) * n + i)]
+                del by_pred[bisect.bisect_left(by_pred, self._key(i, gen))]
         if chosen.max() == len(chosen) - 1:  # a prefix of the queue (FCFS policies)
             del waiting[: len(chosen)]
         elif len(chosen) <= 64:  # a few from anywhere (shortest first): C-level deletes, no Python pass

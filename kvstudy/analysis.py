@@ -8,12 +8,14 @@
 Columns: the resolved config flattened with dots (``policy.alpha``, ``demand.name``, ``seed``, ...), the
 summary flattened the same way (``e2e_latency.mean``, ``status``, ``clearing_events``, ...), ``algorithm``
 (a readable label, Table 1 style), ``regime`` (``authors`` for a ``regime=authors`` run, else its hardware) and
-``folder``. Unfinished runs (no summary.json) are left out and
-counted in ``df.attrs["incomplete"]``.
+``folder``. Unfinished runs (no summary.json: still running, failed, or interrupted with status ``interrupted``)
+are left out and counted in ``df.attrs["incomplete"]``; finished runs with another status than ``completed``
+(``no_progress``, ``stalled``, ...) are kept and named in one warning.
 """
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any, Dict
 
@@ -22,6 +24,7 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from kvstudy.errors import ConfigError
+from kvstudy.outputs import is_complete
 
 
 def _flatten(prefix: str, value: Any, out: Dict[str, Any]) -> None:
@@ -66,7 +69,7 @@ def load_sweep(folder) -> pd.DataFrame:
     for cfg_file in sorted(root.rglob("resolved_config.yaml")):
         run = cfg_file.parent
         summary_file = run / "summary.json"
-        if not summary_file.exists():
+        if not is_complete(run):  # not finished, failed, or interrupted (re-run on resume)
             incomplete += 1
             continue
         row: Dict[str, Any] = {}
@@ -83,6 +86,12 @@ def load_sweep(folder) -> pd.DataFrame:
         names = df["regime.name"] if "regime.name" in df else pd.Series("none", index=df.index)
         df["regime"] = np.where(names == "authors", "authors", df.get("hardware.name", pd.Series("", index=df.index)))
     df.attrs["incomplete"] = incomplete
+    if len(df) and "status" in df:
+        odd = df["status"][df["status"] != "completed"].value_counts()
+        if len(odd):  # finished, but not every request was served: said once, kept (the status column has it)
+            warnings.warn(f"{root}: {int(odd.sum())} run(s) ended with status "
+                          f"{', '.join(f'{k} ({v})' for k, v in odd.items())}; see the status and message columns",
+                          stacklevel=2)
     return df
 
 

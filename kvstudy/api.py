@@ -219,7 +219,8 @@ def build_engine(cfg: DictConfig, requests: Requests, predicted: np.ndarray, pol
                       max_iterations=int(engine.max_iterations), progress=bool(engine.progress),
                       overflow_cost=str(engine.get("overflow_cost", "batch")), arrivals=engine.get("arrivals", "paper"),
                       max_batch=_whole(engine.get("max_batch")),
-                      raise_prediction_on_eviction=engine.get("raise_prediction_on_eviction", False))
+                      raise_prediction_on_eviction=engine.get("raise_prediction_on_eviction", False),
+                      record_events=bool(OmegaConf.select(cfg, "record.events", default=False)))
 
 
 def run_context(cfg: DictConfig, latency: bool = True) -> RunContext:
@@ -323,6 +324,22 @@ class Run:
     @property
     def iterations(self) -> pd.DataFrame:
         return pd.read_parquet(self.folder / "iterations.parquet")
+
+    @property
+    def events(self) -> pd.DataFrame:
+        """events.parquet (a run with ``record.events=true``; kvstudy/events.py)."""
+        return self._optional("events")
+
+    @property
+    def batches(self) -> pd.DataFrame:
+        """batches.parquet: each iteration's requests (a run with ``record.events=true``)."""
+        return self._optional("batches")
+
+    def _optional(self, name: str) -> pd.DataFrame:
+        path = self.folder / f"{name}.parquet"
+        if not path.exists():
+            raise ConfigError(f"{self.folder}: no {name}.parquet; run with record.events=true to record it")
+        return pd.read_parquet(path)
 
     @property
     def config(self) -> Optional[DictConfig]:

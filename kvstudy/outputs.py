@@ -73,6 +73,10 @@ def write_run(folder: Path, result: EngineResult, summary: dict) -> None:
     folder = Path(folder)
     write_atomic(folder / "requests.parquet", lambda p: result.requests.to_parquet(p, index=False))
     write_atomic(folder / "iterations.parquet", lambda p: result.iterations.to_parquet(p, index=False))
+    for name in ("events", "batches"):  # record.events=true (kvstudy/events.py)
+        table = getattr(result, name, None)
+        if table is not None:
+            write_atomic(folder / f"{name}.parquet", lambda p, t=table: t.to_parquet(p, index=False))
     write_text_atomic(folder / "summary.json", json.dumps(summary, indent=1, default=str) + "\n")
 
 

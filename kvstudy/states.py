@@ -3,6 +3,7 @@ the error a policy's bad decision raises, the status message of an interrupted r
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 import pandas as pd
 
@@ -31,3 +32,5 @@ class EngineResult:
     clearing_events: int
     capacity: int
     extra: dict = field(default_factory=dict)
+    events: Optional[pd.DataFrame] = None   # record.events=true: kvstudy/events.py
+    batches: Optional[pd.DataFrame] = None

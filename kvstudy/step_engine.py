@@ -48,6 +48,7 @@ import numpy as np
 
 from kvstudy import records
 from kvstudy.decode_clock import DecodeClock
+from kvstudy.events import EventLog
 from kvstudy.latency.models import VidurLatency
 from kvstudy.errors import ConfigError, KvStudyError
 from kvstudy.states import (DONE, FUTURE, REJECTED, RUNNING, SWAPPED, WAITING, EngineResult, PolicyError,
@@ -96,7 +97,7 @@ class StepEngine:
                  memory, swap: SwapModel, arch, hardware, stall_limit: int = 100,
                  max_iterations: int = 50_000_000, progress: bool = False, direction=None,
                  overflow_cost: str = "batch", arrivals: str = "paper", max_batch=None,
-                 raise_prediction_on_eviction: bool = False) -> None:
+                 raise_prediction_on_eviction: bool = False, record_events: bool = False) -> None:
         paper = memory.convention == "paper"
         if not isinstance(raise_prediction_on_eviction, bool):
             raise KvStudyError(f"engine.raise_prediction_on_eviction={raise_prediction_on_eviction!r}: allowed true, "
@@ -145,6 +146,8 @@ class StepEngine:
         self.arch, self.hw = arch, hardware
         self.max_model_len = int(arch.max_model_len) if arch is not None else 0  # none: the paper's memory alone
         self.stall_limit, self.max_iterations, self.progress = stall_limit, max_iterations, progress
+        self.record_events = bool(record_events)  # record.events: kvstudy/events.py (None when off: no extra work)
+        self.events = None
         #: the paper's convention: o decode rounds after the prompt's round (o + 1 tokens), an eviction restarts the
         #: request; under latency=unit a round's tokens are stamped with its start (the round's index)
         self.paper = paper
@@ -329,10 +332,12 @@ class StepEngine:
             gone = set(victims)
             running[:] = [i for i in running if i not in gone]
             for i in victims:
-                self._preempt(i, RECOMPUTE, t, listed=False)
+                self._preempt(i, RECOMPUTE, t, listed=False, kind="evict")
         else:
             for i in victims:
-                self._preempt(i, RECOMPUTE, t)
+                self._preempt(i, RECOMPUTE, t, kind="evict")
+        if self.events is not None:
+            self.events.add(t, -1, "clear", tokens=len(victims))
         self.waiting.extendleft(i for i in victims if state[i] == WAITING)
         if self.overflow_cost == "authors_code" and self.decode_ctx + len(running) > mem.capacity_tokens:
             dt, self.idled = 1.0, True  # the scripts idle one second before clearing again
@@ -346,10 +351,11 @@ class StepEngine:
         return dt
 
     # --- per-request events (few per iteration) -------------------------------------------------------------
-    def _preempt(self, i: int, mode: str, t: float, listed: bool = True) -> str:
+    def _preempt(self, i: int, mode: str, t: float, listed: bool = True, kind: str = "preempt") -> str:
         """Stop running request i: its KV goes to host space (swap) or is dropped (recompute). ``listed``: remove it
-        from the running list (a caller evicting many removes them in one pass)."""
-        mem, s = self.memory, self.s_list
+        from the running list (a caller evicting many removes them in one pass); ``kind``: its event (evict: a
+        clearing event's victim)."""
+        mem, s, ev = self.memory, self.s_list, self.events
         if listed:
             self.running.remove(i)
         self.preempted_at[i] = t
@@ -369,15 +375,18 @@ class StepEngine:
             self.state[i] = SWAPPED
             self.swapped.append(i)
             self.pre_swap[i] += 1
+            if ev is not None:
+                ev.add(t, i, kind, SWAP, s[i] + g - 1)
             return SWAP
         if mode == SWAP:
             self.fallbacks[i] += 1
+        dropped = self.prefilled[i] if i in self.prefilling else s[i] + g - 1
+        self.recomputed[i] += dropped
         if i in self.prefilling:
-            self.recomputed[i] += self.prefilled[i]
             self.prefill_kv -= self.prefilled[i]
             self.prefilling.discard(i)
-        else:
-            self.recomputed[i] += s[i] + g - 1
+        if ev is not None:
+            ev.add(t, i, kind, "recompute_fallback" if mode == SWAP else RECOMPUTE, dropped)
         self._free(i)
         if self.paper:  # the paper's eviction: KV and progress lost, the request restarts from its prompt
             g = self.clock.gen[i] = 0
@@ -392,6 +401,8 @@ class StepEngine:
             self.reason[i] = (f"recompute after preemption needs {mem.blocks(s[i] + g)} blocks for prompt + "
                               f"generated = {s[i] + g} tokens; the watermark leaves "
                               f"{mem.num_blocks - mem.watermark_blocks}")
+            if ev is not None:
+                ev.add(t, i, "reject")
         return RECOMPUTE
 
     def _free(self, i: int, swap: bool = False) -> int:
@@ -421,6 +432,8 @@ class StepEngine:
         self.running.append(i)
         self.decode_ctx += self.s_list[i] + g - 1
         self.decode_prompts += self.s_list[i]
+        if self.events is not None:
+            self.events.add(t, i, "swap_in", tokens=self.s_list[i] + g - 1)
 
     def _start_prefill(self, i: int, t: float) -> None:
         mem = self.memory
@@ -436,11 +449,15 @@ class StepEngine:
             self.first_sched[i] = t
         elif self.preempted_at[i] == self.preempted_at[i]:  # back after a preemption
             self._resumed(i, t)
+        if self.events is not None:
+            self.events.add(t, i, "admit", tokens=target)
 
     def _token(self, i: int, end: float) -> None:
         """Request i (off the clock) produced a token at ``end``."""
         if self.first_token[i] != self.first_token[i]:
             self.first_token[i] = end
+            if self.events is not None:
+                self.events.add(end, i, "first_token")
         else:
             gap = end - self.last_token[i]
             self.off_clock_gaps.append(gap)
@@ -450,8 +467,10 @@ class StepEngine:
 
     def _finish(self, finished, stamp: float, step: int) -> None:
         """The requests in ``finished`` produced their last token in iteration ``step``, stamped ``stamp``."""
-        state, running, tracks = self.state, self.running, self.memory.tracks_blocks
+        state, running, tracks, ev = self.state, self.running, self.memory.tracks_blocks, self.events
         for i in finished:
+            if ev is not None:
+                ev.add(stamp, i, "finish")
             self.completion[i] = stamp
             self.done_round[i] = step
             state[i] = DONE
@@ -506,10 +525,13 @@ class StepEngine:
         adapted = self.adapted
         if adapted:
             self.policy.forget()  # a second run of this engine starts from nothing, as the first
+        self.events = ev = EventLog() if self.record_events else None
         for i in range(n):
             why = mem.rejection(s[i], out[i], watermark=not adapted)
             if why:
                 state[i], self.reason[i] = REJECTED, why
+                if ev is not None:
+                    ev.add(self.a_list[i], i, "reject", step=-1)
         # the paper's records (kvstudy/records.py): each request's admission round and first token of the life that
         # completes it (an overflow round moves its survivors' schedules one round later), and its last round
         self.p_round, self.admit_stamp, self.done_round = [-1] * n, [math.nan] * n, [-1] * n
@@ -526,6 +548,7 @@ class StepEngine:
         bs, num_blocks, capacity, paper, tracks = (mem.block_size, mem.num_blocks, mem.capacity_tokens, self.paper,
                                                    mem.tracks_blocks)
         view = StepView(self, 0, 0.0)  # its containers are the engine's own: one view serves every step
+        ev = self.events
         first_token, last_token = self.first_token, self.last_token
         log = []
         seconds = self.seconds
@@ -592,6 +615,8 @@ class StepEngine:
                 if clock.grow_at.get(clock.D):
                     growing.update(clock.growing())
                 view.step, view.time, view.num_arrived = step, t, nxt
+                if ev is not None:
+                    ev.step = step
                 if overflow is not None and mem.overflows(self.decode_ctx + len(running), len(growing)):
                     # an over-committing admission policy (kvstudy/policies/admission.py): a clearing event
                     t0 = perf_counter()
@@ -623,6 +648,8 @@ class StepEngine:
                         for i in grew:
                             mem.hold(i, (s[i] + clock.generated(i) + bs - 1) // bs)
                         clock.grown(grew)
+                    if ev is not None:
+                        ev.decoded(running)
                     compute = seconds(NO_CHUNKS, n_dec, ctx_now, ctx_now + n_dec - self.decode_prompts)
                     dt = max(compute, 0.0) if overlap else compute + 0.0
                     end = t + dt
@@ -730,6 +757,9 @@ class StepEngine:
                                    f"running and {len(swapped)} swapped")
                         break
                     continue
+                if ev is not None:
+                    ev.prefilled(d.prefill)
+                    ev.decoded([i for i in running if i not in prefilling] if d.decode_all else d.decode)
                 if d.decode_all:  # the decodes' produced tokens (the MC-SF authors' formula counts them)
                     gen_sum = ctx_now + n_dec - self.decode_prompts
                 else:
@@ -768,6 +798,8 @@ class StepEngine:
                         clock.gen[i] += 1
                         if first_token[i] != first_token[i]:  # its first token (NaN before): no gap to count
                             first_token[i] = last_token[i] = stamp
+                            if ev is not None:
+                                ev.add(stamp, i, "first_token")
                         else:
                             self._token(i, stamp)
                         if paper:  # the paper's records: this life's admission round and first token
@@ -820,12 +852,15 @@ class StepEngine:
             if clock.on[i]:
                 clock.stop(i)
         if self.paper:  # the paper's memory: the tables the old paper loop wrote, column for column
-            return records.paper_result(self, log, status, message, clearing)
-        rejected = int((state == REJECTED).sum())
-        if status == "completed" and rejected:
-            message = f"{rejected} request(s) rejected (see reject_reason)"
-        result = records.paged_result(self, log, status, message, clearing)
-        result.extra["tbt_pooled"] = records.pooled_tbt(self)
-        result.extra["policy_seconds"] = round(policy_s, 4)
-        result.extra["policy_us_per_iteration"] = round(1e6 * policy_s / max(1, len(log)), 2)
+            result = records.paper_result(self, log, status, message, clearing)
+        else:
+            rejected = int((state == REJECTED).sum())
+            if status == "completed" and rejected:
+                message = f"{rejected} request(s) rejected (see reject_reason)"
+            result = records.paged_result(self, log, status, message, clearing)
+            result.extra["tbt_pooled"] = records.pooled_tbt(self)
+            result.extra["policy_seconds"] = round(policy_s, 4)
+            result.extra["policy_us_per_iteration"] = round(1e6 * policy_s / max(1, len(log)), 2)
+        if ev is not None:
+            result.events, result.batches = ev.tables(self.r.request_id)
         return result

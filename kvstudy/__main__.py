@@ -1,6 +1,7 @@
 """``python -m kvstudy +policy=NAME [+demand=NAME] [overrides]``: one simulation, or a sweep with -m."""
 from __future__ import annotations
 
+import logging
 import sys
 import warnings
 
@@ -11,14 +12,21 @@ from omegaconf import DictConfig
 from kvstudy.paths import CONF_DIR
 
 
+def _time_unit(summary: dict) -> str:
+    """Seconds, except under the MC-SF paper's unit-time model, whose clock counts rounds."""
+    return "rounds" if (summary.get("latency") or {}).get("name") == "unit" else "s"
+
+
 def _print_summary(summary: dict, folder: str) -> None:
+    unit = _time_unit(summary)
     rows = [("status", summary["status"]), ("policy", summary.get("policy")),
             ("requests completed", f"{summary['completed']}/{summary['num_requests']}")]
     for key in ("e2e_latency", "ttft", "tbt"):
         st = summary[key]
         if st["mean"] is not None:
-            rows.append((key, f"mean {st['mean']:.4g}  median {st['median']:.4g}  p90 {st['p90']:.4g}  p99 {st['p99']:.4g}"))
-    rows += [("throughput (tokens/time)", f"{summary['throughput_tokens_per_time'] or 0:.4g}"),
+            rows.append((f"{key} ({unit})", f"mean {st['mean']:.4g}  median {st['median']:.4g}  p90 {st['p90']:.4g}  "
+                                            f"p99 {st['p99']:.4g}"))
+    rows += [(f"throughput (tokens/{'round' if unit == 'rounds' else 's'})", f"{summary['throughput_tokens_per_time'] or 0:.4g}"),
              ("peak KV tokens", f"{summary['peak_kv_tokens']} / {summary['capacity_tokens']}"),
              ("iterations", summary["iterations"])]
     if "preemptions_swap" in summary:  # memory=paged: preemptions by mode (and an admission policy's clearings)
@@ -28,7 +36,7 @@ def _print_summary(summary: dict, folder: str) -> None:
             rows.append(("clearing events", summary["clearing_events"]))
     else:
         rows.append(("clearing events", summary["clearing_events"]))
-    rows.append(("wall seconds", summary.get("wall_seconds")))
+    rows.append(("wall time (s)", summary.get("wall_seconds")))
     if summary.get("message"):
         rows.append(("note", summary["message"]))
     width = max(len(k) for k, _ in rows)
@@ -48,27 +56,35 @@ def main(cfg: DictConfig) -> None:
     warnings.formatwarning = lambda message, category, *args, **kwargs: f"warning: {message}\n"
     folder = HydraConfig.get().runtime.output_dir
     multirun = HydraConfig.get().mode == RunMode.MULTIRUN
-    try:
-        summary = run_recording_errors(cfg, folder, record=multirun)
+    try:  # a user error is recorded in the run's folder (error.txt and Hydra's log) as well as printed
+        summary = run_recording_errors(cfg, folder)
     except KvStudyError as exc:
+        logging.getLogger("kvstudy").error("error: %s", exc)
         if multirun:  # one bad value of a sweep fails its own run only; FailedRuns counts it at the end
             report(exc)
             return
         sys.exit(report(exc))
     if summary.get("skipped"):
-        print(f"complete already, skipped: {folder}")
+        print(f"complete already, skipped: {folder} (resume=never runs it again)")
         return
     _print_summary(summary, folder)
     if summary["status"] == "interrupted":
         sys.exit(130)
+    if summary["completed"] == 0 and summary["num_requests"] > 0 and not multirun:
+        why = summary.get("message") or "see the note above"
+        print(f"error: {why}" if summary["status"] == "nothing_served" else
+              f"error: no request was served (status {summary['status']}): {why}", file=sys.stderr)
+        sys.exit(3)
 
 
 if __name__ == "__main__":
     from kvstudy.errors import KvStudyError, report
+    from kvstudy.cli_overrides import command_line
     from kvstudy.validate import check_overrides
 
     try:
         check_overrides(sys.argv[1:])
+        sys.argv[1:] = command_line(sys.argv[1:])
     except KvStudyError as exc:
         sys.exit(report(exc))
     main()

@@ -23,6 +23,7 @@ import pandas as pd
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from kvstudy import provenance
 from kvstudy.arch import ModelArch
 from kvstudy.atomic import write_text_atomic
 from kvstudy.capacity import fit_note, resolve_capacity
@@ -102,9 +103,7 @@ def _instantiate(node: DictConfig, **kwargs):
     target = params.pop("_target_")
     fn = _TARGETS.get(target)
     if fn is None:
-        from hydra.utils import get_object
-
-        fn = _TARGETS[target] = get_object(target)
+        fn = _TARGETS[target] = _load_target(target, _group_of(node))
     if target not in _SIGNATURES:
         try:
             _SIGNATURES[target] = inspect.signature(fn)
@@ -119,6 +118,44 @@ def _instantiate(node: DictConfig, **kwargs):
                               f"'{node.get('name', target)}' ({target}); it takes "
                               f"{', '.join(signature.parameters)}")
     return fn(**{**params, **kwargs})  # as a partial: call-time arguments win over the config's
+
+
+def _load_target(target: str, group: str):
+    """The object a ``_target_`` names. A module that cannot be imported is named as such, with where it failed (a
+    user's own policy module: its file and line), instead of an internal error."""
+    import importlib
+    import traceback
+
+    module, _, attr = str(target).rpartition(".")
+    try:
+        mod = importlib.import_module(module) if module else None
+    except ModuleNotFoundError as exc:
+        if exc.name and (module == exc.name or module.startswith(exc.name + ".")):
+            raise ConfigError(f"{group}._target_={target}: no module named '{exc.name}'; a module of your own must be "
+                              f"importable: run with its folder on PYTHONPATH (PYTHONPATH=/path/to/folder python -m "
+                              f"kvstudy ...)") from None
+        mod, failure = None, exc
+    except Exception as exc:  # the module itself fails: a syntax error, an import inside it, ...
+        mod, failure = None, exc
+    else:
+        failure = None
+    if failure is not None:
+        frames = traceback.extract_tb(failure.__traceback__)
+        where = next((f"{f.filename}, line {f.lineno}" for f in reversed(frames)
+                      if not f.filename.startswith("<frozen")), None)
+        if isinstance(failure, SyntaxError) and failure.filename:
+            where = f"{failure.filename}, line {failure.lineno}"
+        text = failure.msg if isinstance(failure, SyntaxError) else str(failure)
+        raise ConfigError(f"{group}._target_={target}: importing module '{module}' failed with "
+                          f"{type(failure).__name__}: {text}" + (f" ({where})" if where else "")) from None
+    if mod is None or not hasattr(mod, attr):
+        from hydra.utils import get_object  # a nested name (module.Class.method)
+
+        try:
+            return get_object(target)
+        except Exception:
+            raise ConfigError(f"{group}._target_={target}: module '{module}' has no '{attr}'") from None
+    return getattr(mod, attr)
 
 
 def _group_of(node: DictConfig) -> str:
@@ -238,8 +275,10 @@ def _context(cfg: DictConfig, latency: bool) -> RunContext:
     too_long = np.flatnonzero(requests.prompt_tokens > arch.max_model_len)
     if len(too_long):
         i = too_long[0]
+        hint = ("; workload.over_context=drop drops such requests (counted in a warning)"
+                if "over_context" in cfg.workload else "")
         raise ConfigError(f"request {int(requests.request_id[i])} has a prompt of {int(requests.prompt_tokens[i])} tokens, "
-                          f"longer than model '{arch.name}' context max_model_len={arch.max_model_len}")
+                          f"longer than model '{arch.name}' context max_model_len={arch.max_model_len}{hint}")
     note = fit_note(arch, hw, capacity)
     if note:
         warnings.warn(note, stacklevel=3)
@@ -249,11 +288,37 @@ def _context(cfg: DictConfig, latency: bool) -> RunContext:
                       instantiate=_instantiate)
 
 
+def no_effect(cfg: DictConfig, policy) -> list:
+    """Settings of ``cfg`` that change nothing in this run (said once as a warning by ``simulate``): a swap model
+    when nothing can swap, a noise model with zero noise."""
+    notes = []
+    swap = OmegaConf.select(cfg, "swap.name", default="pcie")
+    mode = getattr(policy, "preemption_mode", None)
+    if swap != "pcie":
+        name = getattr(policy, "name", "the policy")
+        if cfg.memory.get("name") == "paper":
+            notes.append(f"swap={swap} has no effect: memory=paper never swaps (memory=paged and a policy with "
+                         f"policy.preemption_mode=swap do)")
+        elif not getattr(policy, "preemptive", False) or mode == "recompute":
+            why = "recomputes (policy.preemption_mode=recompute)" if mode == "recompute" else \
+                "is admission-only (its overflow victims are recomputed)"
+            notes.append(f"swap={swap} has no effect: policy '{name}' {why}; "
+                         f"{'set policy.preemption_mode=swap' if mode else 'choose a policy that swaps'}")
+    pred = _plain(cfg.predictor)
+    for kind, key in (("gaussian_noise", "sigma"), ("uniform_noise", "epsilon"), ("lognormal_noise", "sigma")):
+        if pred.get("kind") == kind and pred.get(key) == 0:
+            notes.append(f"predictor={kind} with predictor.{key}=0 predicts every length exactly (the oracle); "
+                         f"set predictor.{key} above 0 for noise")
+    return notes
+
+
 def simulate(cfg: DictConfig) -> Tuple[EngineResult, dict]:
     """Run one configuration in memory; returns the engine result and its summary."""
     started = time.perf_counter()
     check_config(cfg)
     policy = build_policy(cfg)
+    for note in no_effect(cfg, policy):
+        warnings.warn(note, stacklevel=2)
     ctx = _context(cfg, latency=True)
     requests, predicted, arch, hw, capacity, latency, seed = (ctx.requests, ctx.predicted, ctx.arch, ctx.hardware,
                                                               ctx.capacity, ctx.latency, ctx.seed)
@@ -263,9 +328,11 @@ def simulate(cfg: DictConfig) -> Tuple[EngineResult, dict]:
     engine = build_engine(cfg, requests, predicted, policy, latency, arch, hw, capacity, **inputs)
     sim_started = time.perf_counter()
     result = engine.run()
-    result.extra = {**result.extra, "policy": cfg.policy.name, "model": arch.name, "hardware": hw.name, "seed": seed,
+    name = OmegaConf.select(cfg, "policy.name", default=None) or getattr(policy, "name", type(policy).__name__)
+    result.extra = {**result.extra, "policy": name, "model": arch.name, "hardware": hw.name, "seed": seed,
                     "latency": latency.describe(), "simulate_seconds": round(time.perf_counter() - sim_started, 3),
                     "wall_seconds": round(time.perf_counter() - started, 3)}
+    result.extra["provenance"] = provenance.record(_policy_target(cfg), _profile_paths(cfg), latency.describe())
     if callable(after):
         after(result, ctx)
     return result, summarize(result)
@@ -290,23 +357,116 @@ def _sigterm_as_interrupt():
         signal.signal(signal.SIGTERM, previous)
 
 
-def run(cfg: DictConfig, out_dir, resume: bool = True) -> dict:
-    """Simulate ``cfg`` and write resolved_config.yaml, requests.parquet, iterations.parquet, summary.json.
+#: keys that do not change a run's results: left out when a finished run's config is compared with a new one
+_NOT_RESULTS = ("resume", "record", "engine.progress")
 
-    With ``resume`` (the default) a folder that already holds a complete run of the same resolved config
-    is left as it is and its summary returned (``"skipped": true``), so re-running a killed sweep only
-    redoes unfinished runs. A folder holding a different config is an error, never overwritten silently.
+
+def _result_config(plain: dict) -> dict:
+    plain = dict(plain)
+    for key in _NOT_RESULTS:
+        head, _, rest = key.partition(".")
+        if rest and isinstance(plain.get(head), dict):
+            plain[head] = {k: v for k, v in plain[head].items() if k != rest}
+        elif not rest:
+            plain.pop(head, None)
+    return plain
+
+
+def _first_difference(a, b, prefix: str = ""):
+    """The first dotted key at which two plain configs differ, with both values (None: equal)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b), key=str):
+            found = _first_difference(a.get(k, "<absent>"), b.get(k, "<absent>"), f"{prefix}.{k}" if prefix else str(k))
+            if found:
+                return found
+        return None
+    return None if a == b else (prefix, a, b)
+
+
+def _profile_paths(cfg: DictConfig) -> list:
+    """The profile files the config's latency model reads (Vidur's), for the fingerprint; none for other models."""
+    from kvstudy.errors import KvStudyError
+    from kvstudy.latency.models import profile_files
+
+    if cfg.latency.get("name") != "vidur":
+        return []
+    try:
+        prof = _plain(cfg.hardware).get("profiles") or {}
+        files = profile_files(ModelArch.from_mapping(_plain(cfg.model)), hardware_spec(cfg), prof.get("root"),
+                              prof.get("compute_dir"), prof.get("network_dir"))
+    except (KvStudyError, TypeError, ValueError, KeyError):
+        return []  # the run itself names what is wrong
+    return [p for p in (files.mlp, files.attention, files.all_reduce, files.send_recv) if Path(p).is_file()]
+
+
+def _policy_target(cfg: DictConfig):
+    return OmegaConf.select(cfg, "policy._target_", default=None)
+
+
+def fingerprint(cfg: DictConfig) -> str:
+    """What a finished run's results depend on beyond its config (kvstudy/provenance.py)."""
+    return provenance.fingerprint(_policy_target(cfg), _profile_paths(cfg))
+
+
+def _resume_mode(cfg: DictConfig, resume) -> str:
+    if resume is False:
+        return "never"
+    mode = OmegaConf.select(cfg, "resume", default="code") if resume is True else resume
+    if mode not in provenance.RESUME_MODES:
+        raise ConfigError(f"resume={mode!r}: allowed {', '.join(provenance.RESUME_MODES)} (code: skip a finished run "
+                          f"of the same config and code; config: of the same config; never: run again)")
+    return mode
+
+
+def run(cfg: DictConfig, out_dir, resume=True) -> dict:
+    """Simulate ``cfg`` and write resolved_config.yaml, requests.parquet, iterations.parquet (events.parquet and
+    batches.parquet with ``record.events=true``), summary.json.
+
+    A folder that already holds a finished run of the same config (keys that do not change results, ``resume``,
+    ``record``, ``engine.progress``, aside) is handled by the ``resume`` mode, the config's ``resume`` key unless
+    ``resume`` here is ``False`` (``never``) or a mode: ``code`` (the default) leaves it as it is and returns its
+    summary (``"skipped": true``) if its code fingerprint (kvstudy/provenance.py) is this code's too, else runs it
+    again; ``config`` leaves it whatever the code; ``never`` runs it again. A folder holding a finished run of a
+    different config is an error in every mode, never overwritten.
     """
     out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{out}: is a file, not a folder; choose another run folder (hydra.run.dir)")
+    mode = _resume_mode(cfg, resume)
     resolved = OmegaConf.to_yaml(cfg, resolve=True)
     config_file = out / "resolved_config.yaml"
-    if resume and is_complete(out):
-        if config_file.exists() and config_file.read_text() == resolved:
-            return {**json.loads((out / "summary.json").read_text()), "skipped": True}
-        raise ConfigError(f"{out} already holds a finished run of a different config; choose another hydra.run.dir")
+    if is_complete(out):
+        if not config_file.exists():
+            raise ConfigError(f"{out} holds a finished run without its resolved_config.yaml; choose another folder")
+        try:
+            old = OmegaConf.to_container(OmegaConf.load(config_file), resolve=False)
+        except Exception as exc:  # a file another program wrote or a crash truncated
+            raise ConfigError(f"{config_file}: not a readable config ({type(exc).__name__}); choose another folder "
+                              f"or delete it") from None
+        diff = _first_difference(_result_config(old), _result_config(OmegaConf.to_container(cfg, resolve=True)))
+        if diff:
+            key, there, here = diff
+            raise ConfigError(f"{out} already holds a finished run of a different config ({key}: {there!r} there, "
+                              f"{here!r} here); choose another folder (hydra.run.dir), or delete that one")
+        summary = json.loads((out / "summary.json").read_text())
+        stale = mode == "never"
+        if mode == "code":
+            stored = (summary.get("provenance") or {}).get("fingerprint")
+            stale = stored != fingerprint(cfg)
+            if stale:
+                warnings.warn("a finished run of this config was made by other code (kvstudy's source, the policy's "
+                              "module or the profiles differ, or it predates fingerprints): running it again "
+                              "(resume=config keeps finished runs of the same config)", stacklevel=2)
+        if OmegaConf.select(cfg, "record.events", default=False) and not (out / "events.parquet").exists():
+            stale = True  # asked for what the finished run did not record
+        if not stale:
+            return {**summary, "skipped": True}
     with _sigterm_as_interrupt():
         result, summary = simulate(cfg)
     out.mkdir(parents=True, exist_ok=True)
+    for name in ("events.parquet", "batches.parquet"):  # a re-run without record.events leaves no stale tables
+        if (out / name).exists() and result.events is None:
+            (out / name).unlink()
     write_text_atomic(config_file, resolved)
     write_run(out, result, summary)
     return summary
@@ -352,4 +512,11 @@ def load_run(folder) -> Run:
     path = folder / "summary.json"
     if not path.exists():
         raise ConfigError(f"{folder}: no summary.json (the run did not finish or this is not a run folder)")
-    return Run(folder, json.loads(path.read_text()))
+    try:
+        summary = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: not valid JSON ({exc}); kvstudy writes it atomically, so another program changed "
+                          f"it: delete the folder and run again") from None
+    if not isinstance(summary, dict):
+        raise ConfigError(f"{path}: not a run summary (a JSON object); delete the folder and run again")
+    return Run(folder, summary)

@@ -291,7 +291,24 @@ class StepEngine:
                                   f"(memory={mem.name} charges a prefill in its own iteration: keep "
                                   f"view.running_kv_tokens + view.kv_need(prompt) within view.capacity)")
             raise PolicyError(f"policy '{name}' needs {mem.used - freed + need} KV blocks after its decision, more "
-                              f"than the {mem.num_blocks} the cache has")
+                              f"than the {mem.num_blocks} the cache has (it starts "
+                              f"{self._ids(i for i, _ in d.prefill if state[i] == WAITING)}, swaps in "
+                              f"{self._ids(d.swap_in)}, preempts {self._ids(i for i, _ in d.preempt)})")
+
+    def _ids(self, indices, most: int = 8) -> str:
+        """Request ids for a message: ``[3, 17, 21]``, ``none``, or the first ``most`` and how many more."""
+        ids = [self.id_list[i] for i in indices]
+        if not ids:
+            return "none"
+        more = f" and {len(ids) - most} more" if len(ids) > most else ""
+        return f"request(s) {', '.join(map(str, ids[:most]))}{more}"
+
+    def _where(self) -> str:
+        """The engine's state for an error message: who waits, runs, is swapped out, and the blocks in use."""
+        mem = self.memory
+        blocks = f", {mem.used}/{mem.num_blocks} KV blocks in use" if mem.tracks_blocks else ""
+        return (f"{len(self.waiting)} waiting, running {self._ids(self.running)}, {len(self.swapped)} swapped out"
+                f"{blocks}")
 
     def _admissions_ok(self, d: Decision) -> bool:
         """A decision of whole prefills of distinct waiting requests plus ``decode_all``, checked the short way (the
@@ -566,7 +583,7 @@ class StepEngine:
         if self.progress:
             from tqdm import tqdm
 
-            bar = tqdm(total=n, desc=name, unit="req", leave=False)
+            bar = tqdm(total=n, desc=name, unit="req", leave=False, disable=None)  # none off a terminal (logs, pipes)
         # arrivals: ``paper``, every request arrived by the clock joins before a decision; ``authors_code`` (the MC-SF
         # authors' event order, memory=paper): an arrival at the instant a batch ends joins after the next batch is
         # formed, and an idle engine wakes for one arrival alone (later ones at that instant wait for its batch)
@@ -622,7 +639,10 @@ class StepEngine:
                     t0 = perf_counter()
                     victims = overflow(view)
                     policy_s += perf_counter() - t0
-                    dt = self._clear(victims, t, log, name)
+                    try:
+                        dt = self._clear(victims, t, log, name)
+                    except PolicyError as exc:
+                        raise PolicyError(f"iteration {step} (time {t:.6g}): {exc}; {self._where()}") from None
                     t += dt
                     step += 1
                     clearing += 1
@@ -637,7 +657,10 @@ class StepEngine:
                 d = self.policy.step(view)
                 policy_s += perf_counter() - t0
                 if check:
-                    self._check(d, name)
+                    try:
+                        self._check(d, name)
+                    except PolicyError as exc:
+                        raise PolicyError(f"iteration {step} (time {t:.6g}): {exc}; {self._where()}") from None
                 if d.decode_all and not (d.preempt or d.swap_in or d.prefill or d.decode or d.reserve or d.lend
                                          or prefilling or self.reserved_ids) and running:
                     # the most common step, the general path's arithmetic without its empty branches: every running
@@ -846,11 +869,17 @@ class StepEngine:
                     break
         except KeyboardInterrupt:  # Ctrl-C, or SIGTERM turned into it by api.run: keep what is done
             status, message = "interrupted", interrupted_message(step)
-        if bar is not None:
-            bar.close()
+        finally:
+            if bar is not None:  # cleared before anything is printed: an error never lands on the bar's line
+                bar.close()
         for i in running:  # a run stopped early: tokens of requests still on the clock
             if clock.on[i]:
                 clock.stop(i)
+        if status == "completed" and n and not (state == DONE).any():  # every request rejected
+            first = int(np.flatnonzero(state == REJECTED)[0]) if (state == REJECTED).any() else 0
+            status = "nothing_served"
+            message = (f"no request was served: all {n} were rejected (request {self.id_list[first]}: "
+                       f"{self.reason[first] or 'see reject_reason'})")
         if self.paper:  # the paper's memory: the tables the old paper loop wrote, column for column
             result = records.paper_result(self, log, status, message, clearing)
         else:

@@ -36,6 +36,7 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from kvstudy.errors import ConfigError
 from kvstudy.paths import CONF_DIR
 
 #: compositions by the group-choosing overrides (filled before the workers fork, so they inherit them): the
@@ -58,9 +59,27 @@ def _is_plain(o: Override) -> bool:
             and not key.startswith("hydra") and "/" not in key and not (CONF_DIR / key).is_dir())
 
 
+def _is_policy_key(o: Override) -> bool:
+    """``++policy.K=V``: a policy key on a sweep that chooses the policy (kvstudy/cli_overrides.py), set in the runs
+    whose policy has the key."""
+    return o.type == OverrideType.FORCE_ADD and o.package is None and not o.is_sweep_override() \
+        and o.key_or_group.startswith("policy.")
+
+
 def signature(overrides: List[str]) -> Tuple[str, ...]:
     """The overrides that need Hydra's composition (group choices, additions, deletions, hydra.*)."""
-    return tuple(o.input_line for o in _parser().parse_overrides(list(overrides)) if not _is_plain(o))
+    return tuple(o.input_line for o in _parser().parse_overrides(list(overrides))
+                 if not _is_plain(o) and not _is_policy_key(o))
+
+
+def policy_keys_without_effect(sig: Tuple[str, ...], overrides: List[str]) -> List[str]:
+    """The ``++policy.K`` keys of a job that its policy has no setting for (the run goes without them)."""
+    base = _BASES[sig][0]
+    return [o.key_or_group for o in _parser().parse_overrides(list(overrides))
+            if _is_policy_key(o) and OmegaConf.select(base, o.key_or_group, default=_ABSENT) is _ABSENT]
+
+
+_ABSENT = object()
 
 
 def remember(full: DictConfig, sig: Tuple[str, ...]) -> None:
@@ -80,7 +99,8 @@ def job_config(sig: Tuple[str, ...], overrides: List[str], idx: int) -> Tuple[Di
     parsed = _parser().parse_overrides(list(overrides))
     task = copy.deepcopy(base)
     for o in parsed:
-        if _is_plain(o):
+        if _is_plain(o) or (_is_policy_key(o) and OmegaConf.select(task, o.key_or_group, default=_ABSENT)
+                            is not _ABSENT):
             OmegaConf.update(task, o.key_or_group, o.value(), merge=True)
     d = hyd["dirname"]
     dirname = get_overrides_dirname(overrides=parsed, exclude_keys=list(d["exclude_keys"]), item_sep=d["item_sep"],
@@ -124,6 +144,23 @@ def _run(job: Tuple[int, List[str], Tuple[str, ...]]) -> Tuple[int, str, str]:
         f", mean e2e {mean:.4g}" if mean is not None else "")
 
 
+def _say_policy_keys(jobs) -> None:
+    """Once per sweep: policy keys that some swept policies have no setting for (kvstudy/cli_overrides.py)."""
+    missing: Dict[str, set] = {}
+    having: Dict[str, set] = {}
+    for _, overrides, sig in jobs:
+        name = str(OmegaConf.select(_BASES[sig][0], "policy.name", default="?"))
+        lacking = set(policy_keys_without_effect(sig, overrides))
+        for o in _parser().parse_overrides(list(overrides)):
+            if _is_policy_key(o):
+                (missing if o.key_or_group in lacking else having).setdefault(o.key_or_group, set()).add(name)
+    for key, names in sorted(missing.items()):
+        if not having.get(key):
+            raise ConfigError(f"{key}: not a setting of any policy of this sweep ({', '.join(sorted(names))})")
+        print(f"[kvstudy launcher] {key} applies to {', '.join(sorted(having[key]))}; "
+              f"{', '.join(sorted(names))}: no such setting, run without it", flush=True)
+
+
 class BatchLauncher(Launcher):
     def __init__(self, n_jobs: int = -1, chunksize: int = 4) -> None:
         super().__init__()
@@ -147,6 +184,7 @@ class BatchLauncher(Launcher):
             if sig not in _BASES:
                 remember(self.hydra_context.config_loader.load_sweep_config(self.config, list(sig)), sig)
             jobs.append((initial_job_idx + k, overrides, sig))
+        _say_policy_keys(jobs)
         workers = (os.cpu_count() or 1) if self.n_jobs < 1 else self.n_jobs
         workers = max(1, min(workers, len(jobs)))
         print(f"[kvstudy launcher] {len(jobs)} runs, {workers} worker process(es), "
@@ -177,6 +215,16 @@ class LightSweeper(BasicSweeper):
     ~0.3 s each, one after another). This one composes one job per distinct choice of config groups, which
     catches the same composition errors (an unknown option, a missing group); a plain ``key=value`` that does
     not apply fails its own run in the launcher. The compositions are kept for the launcher."""
+
+    def sweep(self, arguments: List[str]):
+        # a policy key given on the command line (``++policy.K=V``, kvstudy/cli_overrides.py) replaces the same key
+        # in the experiment's sweep, as any command-line key replaces a sweep parameter in Hydra
+        self._command_line_keys = {a.split("=", 1)[0].lstrip("+") for a in arguments if a.startswith("++policy.")}
+        return super().sweep(arguments)
+
+    def _parse_config(self) -> List[str]:
+        keys = getattr(self, "_command_line_keys", set())
+        return [f"{k}={v}" for k, v in self.params.items() if str(k).lstrip("+") not in keys]
 
     def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
         assert self.config is not None and self.hydra_context is not None

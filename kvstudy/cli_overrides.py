@@ -1,0 +1,58 @@
+"""The command line of ``python -m kvstudy`` before Hydra sees it: output folders that are files, and the policy's
+keys on a sweep that chooses the policy.
+
+A sweep over policies (``-m +policy=rr,rr_sjf`` or an experiment whose sweep lists ``+policy``) has no policy when
+Hydra composes its primary config, so a ``policy.K=V`` there fails with "Key 'policy' is not in struct". Such a key
+is passed on as ``++policy.K=V``; kvstudy's launcher (kvstudy/sweep_launcher.py) sets it in the runs whose policy
+has the key and names, once, the policies that have no such setting (they run without it). Other launchers
+(``hydra/launcher=joblib``) fail those runs alone with "not a setting of policy ...".
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List
+
+from omegaconf import OmegaConf
+
+from kvstudy.errors import ConfigError
+from kvstudy.paths import CONF_DIR
+from kvstudy.validate import search_dirs
+
+
+def _experiment_sweeps_policy(name: str, argv: List[str]) -> bool:
+    for folder in [CONF_DIR] + list(search_dirs(argv)):
+        path = Path(folder) / "experiment" / f"{name}.yaml"
+        if path.is_file():
+            params = OmegaConf.select(OmegaConf.load(path), "hydra.sweeper.params", default=None) or {}
+            return any(str(k).lstrip("+") == "policy" for k in params)
+    return False
+
+
+def policy_is_swept(argv: List[str]) -> bool:
+    """True if the policy is chosen by the sweep (``+policy=a,b``, or an experiment's sweep), not once for all."""
+    swept = False
+    for arg in argv:
+        key, _, value = arg.partition("=")
+        if key == "+policy":
+            if "," not in value and "(" not in value:
+                return False  # one policy for every run: its keys compose as usual
+            swept = True
+        elif key == "+experiment" and _experiment_sweeps_policy(value, argv):
+            swept = True
+    return swept
+
+
+def _check_folders(argv: List[str]) -> None:
+    for arg in argv:
+        key, _, value = arg.lstrip("+").partition("=")
+        if key in ("hydra.run.dir", "hydra.sweep.dir") and value and Path(value).exists() and not Path(value).is_dir():
+            raise ConfigError(f"{key}={value}: is a file, not a folder; choose another folder")
+
+
+def command_line(argv: List[str]) -> List[str]:
+    """``argv`` as Hydra should see it (module docstring)."""
+    argv = list(argv)
+    _check_folders(argv)
+    if not policy_is_swept(argv):
+        return argv
+    return [f"++{arg}" if arg.startswith("policy.") and "=" in arg else arg for arg in argv]

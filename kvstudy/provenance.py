@@ -1,0 +1,112 @@
+"""Where a result came from (summary.json's ``provenance``) and the fingerprint a resumed run is compared by.
+
+A finished run is skipped on a re-run only if its config *and* its code fingerprint match (``resume=code``, the
+default): the fingerprint hashes kvstudy's own source files, the source file of a policy loaded from outside
+kvstudy (a user's folder on PYTHONPATH) and the profile files the latency model reads. ``resume=config`` skips a
+finished run of the same config whatever the code (the behaviour before issue 35, e.g. for runs written before
+fingerprints existed); ``resume=never`` re-runs it. Modules a user's policy imports in turn are not hashed.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+import platform
+import subprocess
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Iterable, Optional
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+RESUME_MODES = ("code", "config", "never")
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+@functools.lru_cache(maxsize=1)
+def code_digest() -> str:
+    """sha256 over kvstudy's Python sources (relative path and bytes), computed once per process: the code a
+    process runs is the code it imported."""
+    h = hashlib.sha256()
+    for path in sorted(PACKAGE_DIR.rglob("*.py")):
+        h.update(str(path.relative_to(PACKAGE_DIR)).encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+@functools.lru_cache(maxsize=64)
+def _file_digest(path: str, mtime_ns: int, size: int) -> str:
+    return _sha(Path(path))
+
+
+def file_digest(path) -> str:
+    p = Path(path)
+    st = p.stat()
+    return _file_digest(str(p), st.st_mtime_ns, st.st_size)
+
+
+def user_module(target: Optional[str]) -> Optional[dict]:
+    """The source file of a ``_target_`` that lives outside kvstudy (a user's policy), with its digest; None for
+    kvstudy's own (covered by ``code_digest``) or a target that cannot be located."""
+    if not target or "." not in target:
+        return None
+    module = target.rsplit(".", 1)[0]
+    if module == "kvstudy" or module.startswith("kvstudy."):
+        return None
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.origin or not Path(spec.origin).is_file():
+        return None
+    return {"module": module, "file": spec.origin, "sha256": file_digest(spec.origin)}
+
+
+@functools.lru_cache(maxsize=1)
+def _git() -> dict:
+    root = PACKAGE_DIR.parent
+    if not (root / ".git").exists():
+        return {"commit": None, "dirty": None}
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=10).stdout.strip() or None
+        status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "--",
+                                 "kvstudy", "conf", "profiles"], capture_output=True, text=True, timeout=10)
+        return {"commit": commit, "dirty": bool(status.stdout.strip()) if status.returncode == 0 else None}
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+
+
+def _version(package: str) -> Optional[str]:
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
+
+
+def fingerprint(policy_target: Optional[str], profile_paths: Iterable = ()) -> str:
+    """What a finished run's results depend on beyond its config: kvstudy's code, a user policy's source file, the
+    latency model's profile files (16 hex digits)."""
+    h = hashlib.sha256(code_digest().encode())
+    mod = user_module(policy_target)
+    if mod:
+        h.update(mod["sha256"].encode())
+    for p in profile_paths:
+        h.update(file_digest(p).encode())
+    return h.hexdigest()[:16]
+
+
+def record(policy_target: Optional[str], profile_paths: Iterable = (), latency: Optional[dict] = None) -> dict:
+    """summary.json's ``provenance``: versions, commit (and whether kvstudy/, conf/ or profiles/ had uncommitted
+    changes), Python, the profile files' sha256, the predictor's cache key, a user policy's file, the fingerprint."""
+    paths = [Path(p) for p in profile_paths]
+    git = _git()
+    return {"kvstudy_version": _version("kvstudy"), "kvstudy_commit": git["commit"], "kvstudy_dirty": git["dirty"],
+            "vidur_version": _version("vidur"), "python": platform.python_version(),
+            "code_sha256": code_digest()[:16],
+            "profiles": {str(p): file_digest(p)[:16] for p in paths},
+            "predictor_cache_key": (latency or {}).get("cache_key"),
+            "policy_module": user_module(policy_target),
+            "fingerprint": fingerprint(policy_target, paths)}

@@ -637,9 +637,9 @@ class StepEngine:
                 if overflow is not None and mem.overflows(self.decode_ctx + len(running), len(growing)):
                     # an over-committing admission policy (kvstudy/policies/admission.py): a clearing event
                     t0 = perf_counter()
-                    victims = overflow(view)
-                    policy_s += perf_counter() - t0
                     try:
+                        victims = overflow(view)
+                        policy_s += perf_counter() - t0
                         dt = self._clear(victims, t, log, name)
                     except PolicyError as exc:
                         raise PolicyError(f"iteration {step} (time {t:.6g}): {exc}; {self._where()}") from None
@@ -654,13 +654,13 @@ class StepEngine:
                         break
                     continue
                 t0 = perf_counter()
-                d = self.policy.step(view)
-                policy_s += perf_counter() - t0
-                if check:
-                    try:
+                try:  # a refused decision (the adapter's, or _check's) names where the run was
+                    d = self.policy.step(view)
+                    policy_s += perf_counter() - t0
+                    if check:
                         self._check(d, name)
-                    except PolicyError as exc:
-                        raise PolicyError(f"iteration {step} (time {t:.6g}): {exc}; {self._where()}") from None
+                except PolicyError as exc:
+                    raise PolicyError(f"iteration {step} (time {t:.6g}): {exc}; {self._where()}") from None
                 if d.decode_all and not (d.preempt or d.swap_in or d.prefill or d.decode or d.reserve or d.lend
                                          or prefilling or self.reserved_ids) and running:
                     # the most common step, the general path's arithmetic without its empty branches: every running

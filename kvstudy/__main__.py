@@ -70,10 +70,11 @@ def main(cfg: DictConfig) -> None:
     _print_summary(summary, folder)
     if summary["status"] == "interrupted":
         sys.exit(130)
-    if summary["completed"] == 0 and summary["num_requests"] > 0 and not multirun:
+    if summary["status"] != "completed" and not multirun:  # no_progress, stalled, nothing_served, max_iterations
         why = summary.get("message") or "see the note above"
-        print(f"error: {why}" if summary["status"] == "nothing_served" else
-              f"error: no request was served (status {summary['status']}): {why}", file=sys.stderr)
+        if summary["completed"] == 0 and summary["status"] != "nothing_served":
+            why = f"no request was served: {why}"
+        print(f"error: run ended with status {summary['status']}: {why}", file=sys.stderr)
         sys.exit(3)
 
 

@@ -121,25 +121,32 @@ def _instantiate(node: DictConfig, **kwargs):
 
 
 def _load_target(target: str, group: str):
-    """The object a ``_target_`` names. A module that cannot be imported is named as such, with where it failed (a
-    user's own policy module: its file and line), instead of an internal error."""
+    """The object a ``_target_`` names (``module.attr``, or ``module.Class.attr``). A module that cannot be imported
+    is named as such, with where it failed (a user's own policy module: its file and line), never an internal
+    error or Hydra's guess."""
     import importlib
+    import os
     import traceback
 
-    module, _, attr = str(target).rpartition(".")
-    try:
-        mod = importlib.import_module(module) if module else None
-    except ModuleNotFoundError as exc:
-        if exc.name and (module == exc.name or module.startswith(exc.name + ".")):
-            raise ConfigError(f"{group}._target_={target}: no module named '{exc.name}'; a module of your own must be "
-                              f"importable: run with its folder on PYTHONPATH (PYTHONPATH=/path/to/folder python -m "
-                              f"kvstudy ...)") from None
-        mod, failure = None, exc
-    except Exception as exc:  # the module itself fails: a syntax error, an import inside it, ...
-        mod, failure = None, exc
-    else:
-        failure = None
-    if failure is not None:
+    parts = str(target).split(".")
+    for cut in range(len(parts) - 1, 0, -1):  # the longest importable module path, then attributes
+        module = ".".join(parts[:cut])
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name and (module == exc.name or module.startswith(exc.name + ".")):
+                continue  # this prefix is not a module: try a shorter one
+            failure = exc
+        except Exception as exc:  # the module itself fails: a syntax error, an import inside it, ...
+            failure = exc
+        else:
+            obj = mod
+            for name in parts[cut:]:
+                if not hasattr(obj, name):
+                    raise ConfigError(f"{group}._target_={target}: '{module}' has no '{name}' (its file: "
+                                      f"{getattr(mod, '__file__', '?')})") from None
+                obj = getattr(obj, name)
+            return obj
         frames = traceback.extract_tb(failure.__traceback__)
         where = next((f"{f.filename}, line {f.lineno}" for f in reversed(frames)
                       if not f.filename.startswith("<frozen")), None)
@@ -148,14 +155,11 @@ def _load_target(target: str, group: str):
         text = failure.msg if isinstance(failure, SyntaxError) else str(failure)
         raise ConfigError(f"{group}._target_={target}: importing module '{module}' failed with "
                           f"{type(failure).__name__}: {text}" + (f" ({where})" if where else "")) from None
-    if mod is None or not hasattr(mod, attr):
-        from hydra.utils import get_object  # a nested name (module.Class.method)
-
-        try:
-            return get_object(target)
-        except Exception:
-            raise ConfigError(f"{group}._target_={target}: module '{module}' has no '{attr}'") from None
-    return getattr(mod, attr)
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    looked = (f"no {parts[0]}.py or {parts[0]}/ in the PYTHONPATH folder(s) {', '.join(paths)}" if paths else
+              "PYTHONPATH is not set: run with your module's folder on it (PYTHONPATH=/path/to/folder python -m "
+              "kvstudy ...)")
+    raise ConfigError(f"{group}._target_={target}: no module named '{parts[0]}'; {looked}") from None
 
 
 def _group_of(node: DictConfig) -> str:

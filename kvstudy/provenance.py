@@ -1,10 +1,12 @@
 """Where a result came from (summary.json's ``provenance``) and the fingerprint a resumed run is compared by.
 
 A finished run is skipped on a re-run only if its config *and* its code fingerprint match (``resume=code``, the
-default): the fingerprint hashes kvstudy's own source files, the source file of a policy loaded from outside
-kvstudy (a user's folder on PYTHONPATH) and the profile files the latency model reads. ``resume=config`` skips a
+default): the fingerprint hashes kvstudy's own source files, the Python files of a policy loaded from outside
+kvstudy (its module's folder, or its package: helpers and parent classes there count) and the profile files the
+latency model reads. ``resume=config`` skips a
 finished run of the same config whatever the code (the behaviour before issue 35, e.g. for runs written before
-fingerprints existed); ``resume=never`` re-runs it. Modules a user's policy imports in turn are not hashed.
+fingerprints existed); ``resume=never`` re-runs it. Modules a user's policy imports from elsewhere (another folder, an installed package) are
+not hashed: ``resume=never`` re-runs after changing them.
 """
 from __future__ import annotations
 
@@ -47,8 +49,27 @@ def file_digest(path) -> str:
     return _file_digest(str(p), st.st_mtime_ns, st.st_size)
 
 
+#: at most this many files of a user's folder are hashed (a module living in a huge folder: only its own file)
+MAX_USER_FILES = 500
+
+
+def _user_sources(module: str, origin: Path) -> list:
+    """The Python files a user's policy module may depend on: its top-level package's (recursively) if it is in a
+    package, else every ``.py`` file beside it (helpers, a parent class in a sibling module)."""
+    top = module.split(".")[0]
+    folder = origin.parent
+    for _ in range(module.count(".")):
+        folder = folder.parent  # from a.b.c's file up to the folder holding package a
+    if module.count(".") or origin.name == "__init__.py":
+        files = sorted((folder / top).rglob("*.py")) if (folder / top).is_dir() else [origin]
+    else:
+        files = sorted(folder.glob("*.py"))
+    return files if len(files) <= MAX_USER_FILES else [origin]
+
+
 def user_module(target: Optional[str]) -> Optional[dict]:
-    """The source file of a ``_target_`` that lives outside kvstudy (a user's policy), with its digest; None for
+    """A ``_target_`` that lives outside kvstudy (a user's policy): its module, file, and the digest of the Python
+    files beside it (``_user_sources``: an edit to a helper module or a parent class there counts); None for
     kvstudy's own (covered by ``code_digest``) or a target that cannot be located."""
     if not target or "." not in target:
         return None
@@ -61,7 +82,12 @@ def user_module(target: Optional[str]) -> Optional[dict]:
         return None
     if spec is None or not spec.origin or not Path(spec.origin).is_file():
         return None
-    return {"module": module, "file": spec.origin, "sha256": file_digest(spec.origin)}
+    h = hashlib.sha256()
+    files = _user_sources(module, Path(spec.origin))
+    for path in files:
+        h.update(path.name.encode())
+        h.update(file_digest(path).encode())
+    return {"module": module, "file": spec.origin, "files_hashed": len(files), "sha256": h.hexdigest()}
 
 
 @functools.lru_cache(maxsize=1)

@@ -103,3 +103,23 @@ def test_bad_folders_are_named(tmp_path):
     (out / "summary.json").write_text('{"status": "comp')
     with pytest.raises(ConfigError, match="summary.json: not valid JSON"):
         api.load_run(out)
+
+
+def test_a_helper_beside_the_users_policy_is_part_of_the_fingerprint(tmp_path, monkeypatch):
+    """The new-user trial's case: the policy imports a helper (or a parent class) from a sibling module."""
+    (tmp_path / "helper_lengths.py").write_text("BONUS = 0\n")
+    (tmp_path / "policy_with_helper.py").write_text(textwrap.dedent("""
+        from kvstudy.policies.mcsf import MCSF
+        import helper_lengths
+
+        class Mine(MCSF):
+            name = "mine"
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = api.compose(SMALL + ["policy._target_=policy_with_helper.Mine"])
+    out = tmp_path / "r"
+    assert api.run(cfg, out)["provenance"]["policy_module"]["files_hashed"] == 2
+    assert api.run(cfg, out).get("skipped")
+    (tmp_path / "helper_lengths.py").write_text("BONUS = 1\n")
+    with pytest.warns(UserWarning, match="made by other code"):
+        assert not api.run(cfg, out).get("skipped")

@@ -36,12 +36,17 @@ class ModelArch:
         for f in fields(self):
             if f.type in ("int", int) and f.name != "dtype_bytes":
                 value = getattr(self, f.name)
-                if not isinstance(value, int) or value <= 0:
-                    raise ConfigError(f"model.{f.name}={value!r} for model '{self.name}': must be a positive integer")
+                if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                    raise ConfigError(f"model.{f.name}={value!r}: allowed a positive whole number (model '{self.name}')")
+        params = self.num_params
+        if isinstance(params, bool) or not isinstance(params, (int, float)) or not 0 < params < float("inf"):
+            raise ConfigError(f"model.num_params={params!r}: allowed a finite number > 0 (model '{self.name}')")
         if self.embedding_dim % self.num_q_heads:
-            raise ConfigError(
-                f"model '{self.name}': embedding_dim={self.embedding_dim} is not divisible by num_q_heads={self.num_q_heads}"
-            )
+            raise ConfigError(f"model.embedding_dim={self.embedding_dim}: not a multiple of model.num_q_heads="
+                              f"{self.num_q_heads} of model '{self.name}'; allowed: a multiple of it")
+        if self.num_q_heads % self.num_kv_heads:  # grouped-query attention: whole groups of query heads per KV head
+            raise ConfigError(f"model.num_kv_heads={self.num_kv_heads}: does not divide model.num_q_heads="
+                              f"{self.num_q_heads} of model '{self.name}'; allowed: a divisor of it")
         if self.activation not in ("silu", "relu", "gelu"):
             raise ConfigError(f"model.activation={self.activation!r}: allowed silu, relu, gelu")
         if self.norm not in ("rms_norm", "layer_norm"):
@@ -59,7 +64,7 @@ class ModelArch:
     def check_tensor_parallel(self, tp: int) -> None:
         if self.num_q_heads % tp or self.embedding_dim % tp:
             raise ConfigError(
-                f"tensor_parallel={tp} does not divide model '{self.name}' (num_q_heads={self.num_q_heads}, "
+                f"hardware.tensor_parallel={tp}: does not divide model '{self.name}' (num_q_heads={self.num_q_heads}, "
                 f"embedding_dim={self.embedding_dim}); allowed: divisors of both"
             )
 

@@ -55,7 +55,7 @@ def resolve_capacity(value, arch: ModelArch, hw: HardwareSpec, **auto_kw) -> int
         return auto_capacity(arch, hw, **auto_kw)
     try:
         tokens = int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: inf
         raise ConfigError(f"memory.capacity_tokens={value!r}: allowed a positive whole number or 'auto'")
     if tokens <= 0 or tokens != float(value):
         raise ConfigError(f"memory.capacity_tokens={value!r}: allowed a positive whole number or 'auto'")

@@ -583,7 +583,7 @@ class StepEngine:
         if self.progress:
             from tqdm import tqdm
 
-            bar = tqdm(total=n, desc=name, unit="req", leave=False, disable=None)  # none off a terminal (logs, pipes)
+            bar = tqdm(total=n, desc=name, unit="req", leave=False)
         # arrivals: ``paper``, every request arrived by the clock joins before a decision; ``authors_code`` (the MC-SF
         # authors' event order, memory=paper): an arrival at the instant a batch ends joins after the next batch is
         # formed, and an idle engine wakes for one arrival alone (later ones at that instant wait for its batch)

@@ -63,8 +63,8 @@ class LinearLatency(LatencyModel):
     name = "linear"
 
     def __init__(self, d0: float = 0.02, d1: float = 1e-5, **_ignored) -> None:
-        if d0 < 0 or d1 < 0 or d0 + d1 <= 0:
-            raise ConfigError(f"latency.d0={d0}, latency.d1={d1}: both must be >= 0 and not both 0")
+        if not (math.isfinite(d0) and math.isfinite(d1)) or d0 < 0 or d1 < 0 or d0 + d1 <= 0:
+            raise ConfigError(f"latency.d0={d0}, latency.d1={d1}: allowed finite numbers >= 0, not both 0")
         self.d0, self.d1 = float(d0), float(d1)
 
     def iteration_seconds(self, prefill_chunks, num_decodes, decode_context_sum) -> float:

@@ -26,10 +26,17 @@ from kvstudy.optimum.cpsat import DEFAULT_FORMULATION, FORMULATIONS
 from kvstudy.optimum.study import StudyStopped, seconds_spent, study
 
 
+#: the largest M of Theorem 4.1's instance: M/2 + 1 requests simulated per policy (the default's largest is 4,096)
+MAX_ADVERSARY_M = 1 << 16
+
+
 @cli_entry
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kvstudy.optimum", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    from kvstudy.validate import finite_args, one_line_parser
+
+    # a usage mistake is one ``error:`` line (status 2), as every kvstudy command's
+    parser = one_line_parser()(prog="python -m kvstudy.optimum", description=__doc__,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     st = sub.add_parser("study")
     st.add_argument("--model", type=int, choices=(1, 2), required=True)
@@ -80,10 +87,17 @@ def main(argv=None) -> int:
     bnd.add_argument("--lp-time-limit", type=float, default=600.0)
     args = parser.parse_args(argv)
     if args.command == "adversary":
-        bad = [m for m in args.M if m < 4]
+        bad = [m for m in args.M if not 4 <= m <= MAX_ADVERSARY_M]
         if bad:
-            raise ConfigError(f"--M {bad[0]}: allowed whole numbers >= 4 (the instance needs M/2 short requests and "
-                              f"a long one of M - 1 tokens)")
+            raise ConfigError(f"--M {bad[0]}: allowed whole numbers >= 4 and <= {MAX_ADVERSARY_M:,} (the instance "
+                              f"needs M/2 short requests and a long one of M - 1 tokens)")
+    if args.command == "study":
+        finite_args(time_limit=args.time_limit, cpsat=args.cpsat)
+    if args.command == "bound":
+        finite_args(lp_time_limit=args.lp_time_limit)
+        if args.buckets < 1 or args.lp_time_limit < 0:
+            raise ConfigError(f"--buckets {args.buckets}: allowed 1 or more" if args.buckets < 1 else
+                              f"--lp-time-limit {args.lp_time_limit}: allowed 0 or more")
     if args.command == "study":
         for flag, value in (("--trials", args.trials), ("--time-limit", args.time_limit), ("--lns", args.lns),
                             ("--jobs", args.jobs - 1), ("--lns-window", args.lns_window - 1)):
@@ -96,6 +110,11 @@ def main(argv=None) -> int:
 
         overrides = args.overrides if any(o.startswith("+policy=") for o in args.overrides) else \
             ["+policy=mcsf", *args.overrides]
+        from kvstudy import api
+        from kvstudy.validate import check_config, check_overrides
+
+        check_overrides(overrides)  # the overrides' names and values, in one line, before the run
+        check_config(api.compose(overrides))
         row = gap_bound(overrides, buckets=args.buckets, lp=not args.no_lp, time_limit=args.lp_time_limit)
         for key, value in row.items():
             print(f"{key:16s} {value:.6g}" if isinstance(value, float) else f"{key:16s} {value}")

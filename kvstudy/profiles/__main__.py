@@ -1,18 +1,37 @@
 """``python -m kvstudy.profiles {calibrate,build,errors}``: fit the GPU model, write profiles/, show errors."""
 from __future__ import annotations
 
-import argparse
 import json
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
-from kvstudy.errors import cli_entry
+from kvstudy.errors import ConfigError, DataError, cli_entry
 from kvstudy.paths import CALIBRATION_FILE, CONF_DIR, PROFILES_DIR, SHARED_REFERENCE, load_model_arch
+
+
+def _check_paths(args) -> None:
+    """Input paths that cannot be read (a folder for a file, a missing folder) and outputs that would land on a
+    folder: one line each, before any work."""
+    if args.command == "calibrate":
+        if not args.vidur_data.is_dir():
+            raise ConfigError(f"--vidur-data {args.vidur_data}: not a folder; allowed: a checkout of Vidur's data/ "
+                              f"(profiling/compute/a100/...)")
+        if args.out.is_dir():
+            raise ConfigError(f"--out {args.out}: a folder; allowed: a .json file path")
+    if args.command == "build":
+        if args.calibration.exists() and not args.calibration.is_file():
+            raise ConfigError(f"--calibration {args.calibration}: not a regular file; allowed: the JSON "
+                              f"`python -m kvstudy.profiles calibrate` writes")
+        if args.out.exists() and not args.out.is_dir():
+            raise ConfigError(f"--out {args.out}: not a folder; allowed: a folder for compute/ and network/")
 
 
 @cli_entry
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kvstudy.profiles", description=__doc__)
+    from kvstudy.validate import check_group, one_line_parser
+
+    parser = one_line_parser()(prog="python -m kvstudy.profiles", description=__doc__)  # usage errors: one line
     sub = parser.add_subparsers(dest="command", required=True)
     cal = sub.add_parser("calibrate", help="fit efficiencies to real Vidur A100 measurements")
     cal.add_argument("--vidur-data", type=Path, default=SHARED_REFERENCE / "vidur-data")
@@ -25,6 +44,7 @@ def main(argv=None) -> int:
     build.add_argument("--device", default=None, help="GPU of kvstudy.profiles.gpu_model.DEVICES (default a100; "
                                                       "others are uncalibrated)")
     args = parser.parse_args(argv)
+    _check_paths(args)
     if args.command == "calibrate":
         from kvstudy.profiles.calibration import write_calibration
 
@@ -35,10 +55,17 @@ def main(argv=None) -> int:
     from kvstudy.profiles.builder import build_model, build_network
     from kvstudy.profiles.calibration import load_calibration
 
-    calib = load_calibration(args.calibration)
+    try:
+        calib = load_calibration(args.calibration)
+    except ValueError as exc:  # not JSON
+        raise DataError(f"--calibration {args.calibration}: not a calibration file ({exc}); allowed: the JSON "
+                        f"`python -m kvstudy.profiles calibrate` writes") from None
     names = args.models or sorted(p.stem for p in (CONF_DIR / "model").glob("*.yaml"))
-    for name in names:
-        for path in build_model(load_model_arch(name), calib, args.out, device=args.device):
+    archs = [load_model_arch(name) for name in names]  # every model checked before the first file is written
+    for arch in archs:
+        check_group("model", asdict(arch))
+    for arch in archs:
+        for path in build_model(arch, calib, args.out, device=args.device):
             print(f"wrote {path}")
     for path in build_network(calib, args.out):
         print(f"wrote {path}")

@@ -29,6 +29,7 @@ from typing import Optional
 import pandas as pd
 
 from kvstudy.errors import ConfigError, DataError, cli_entry
+from kvstudy.workloads.requests import regular_file
 
 SHIPPED = Path(__file__).with_name("data") / "arena_rr_sjf.csv"
 COLUMNS = ("source", "index", "prompt_chars", "output_tokens")
@@ -74,9 +75,7 @@ def arena(num_requests: int = 1000, path: Optional[str] = None, chars_per_token:
         if missing:
             raise DataError(f"{SHIPPED}: lacks column(s) {missing}; needs {', '.join(COLUMNS)}")
     else:
-        if not Path(path).exists():
-            raise ConfigError(f"workload.path={path}: no such file")
-        chosen = select(pd.read_csv(path), chars_per_token)
+        chosen = select(pd.read_csv(regular_file(path)), chars_per_token)  # a FIFO: one line, not a hang
     if num_requests > len(chosen):
         raise ConfigError(f"workload.num_requests={num_requests}: the arena selection has {len(chosen)} requests")
     chosen = chosen.iloc[:num_requests]

@@ -34,6 +34,7 @@ import pandas as pd
 from scipy.stats import norm
 
 from kvstudy.errors import DataError
+from kvstudy.workloads.requests import regular_file
 
 #: Table 1 of the CacheOPT paper: (mean, min, max) of prompt and output lengths, and the trace's number of requests
 TABLE1 = {
@@ -200,9 +201,7 @@ def cacheopt_trace(trace: str, num_requests: int, rng: np.random.Generator, max_
         raise DataError(f"workload.num_requests={num_requests}: must be >= 1")
     if not path:
         return synthetic(trace, num_requests, rng, max_model_len)
-    file = _package_file() if path == SHAREGPT_PACKAGE else Path(path)
-    if not file.exists():
-        raise DataError(f"workload.path={path!r}: file not found")
+    file = _package_file() if path == SHAREGPT_PACKAGE else regular_file(path)  # a FIFO: one line, not a hang
     df = _read_cached(str(file.resolve()), file.stat().st_mtime_ns, file.stat().st_size)
     fits = df[df.prompt_tokens + df.output_tokens <= max_model_len].reset_index(drop=True)
     if not len(fits):

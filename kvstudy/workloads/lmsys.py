@@ -26,16 +26,20 @@ import numpy as np
 import pandas as pd
 
 from kvstudy.errors import DataError
+from kvstudy.workloads.requests import regular_file
 
 PROMPT_MU, PROMPT_SIGMA = np.log(11.0), np.sqrt(2 * np.log(40.62 / 11.0))
 OUTPUT_MU, OUTPUT_SIGMA = np.log(45.0), np.sqrt(2 * np.log(85.32 / 45.0))
 
 
-def synthetic_lengths(num_requests: int, rng: np.random.Generator, max_total_tokens: int) -> pd.DataFrame:
+def synthetic_lengths(num_requests: int, rng: np.random.Generator, max_total_tokens: int,
+                      key: str = "workload.max_total_tokens") -> pd.DataFrame:
+    """``key``: the config key the length limit came from (the model's context when max_total_tokens is null),
+    so a limit too small is named under the key the user set."""
     prompt = np.empty(num_requests, dtype=np.int64)
     output = np.empty(num_requests, dtype=np.int64)
     if max_total_tokens < 2:
-        raise DataError(f"workload.max_total_tokens={max_total_tokens}: allowed >= 2 (one prompt and one output token)")
+        raise DataError(f"{key}={max_total_tokens}: allowed >= 2 (one prompt and one output token)")
     todo = np.arange(num_requests)
     drawn = 0
     while len(todo):
@@ -45,7 +49,7 @@ def synthetic_lengths(num_requests: int, rng: np.random.Generator, max_total_tok
         drawn += len(todo)
         todo = todo[s + o > max_total_tokens]
         if len(todo) and drawn > 1000 * num_requests:  # a bound so a tiny limit ends in a message, not a hang
-            raise DataError(f"workload.max_total_tokens={max_total_tokens}: fewer than 1 in 1,000 LMSYS-like requests "
+            raise DataError(f"{key}={max_total_tokens}: fewer than 1 in 1,000 LMSYS-like requests "
                             f"fit in it; allowed a limit that leaves a workload (e.g. >= 64)")
     return pd.DataFrame({"prompt_tokens": prompt, "output_tokens": output})
 
@@ -60,6 +64,7 @@ def real_lengths(path: str, num_requests: int, rng: np.random.Generator) -> pd.D
         raise DataError(f"workload.path={path!r}: no files match")
     frames = []
     for f in files:
+        regular_file(f)  # a FIFO or folder: one line, not a hang
         try:
             df = pd.read_parquet(f, columns=["conversation"])
         except (OSError, ValueError, KeyError) as exc:
@@ -88,4 +93,5 @@ def lmsys(num_requests: int, rng: np.random.Generator, max_model_len: int, path:
         raise DataError(f"workload.num_requests={num_requests}: must be >= 1")
     if path:
         return real_lengths(path, num_requests, rng)
-    return synthetic_lengths(num_requests, rng, int(max_total_tokens or max_model_len))
+    return synthetic_lengths(num_requests, rng, int(max_total_tokens or max_model_len),
+                             "workload.max_total_tokens" if max_total_tokens else "model.max_model_len")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 import numpy as np
@@ -30,15 +31,32 @@ class Requests:
                              "prompt_tokens": self.prompt_tokens, "output_tokens": self.output_tokens})
 
 
+#: the largest token count or id a table may hold: 2^31, so sums over a run stay far inside int64
+MAX_COUNT = 2 ** 31
+
+
+def regular_file(path, key: str = "workload.path") -> Path:
+    """``path`` if it is a regular file (or a link to one). A FIFO would block the reader forever and a folder
+    or device fails deep inside pandas, so each is refused in one line before anything opens it."""
+    file = Path(path)
+    if not file.exists():
+        raise DataError(f"{key}={str(path)!r}: file not found")
+    if not file.is_file():
+        kind = "a folder" if file.is_dir() else "not a regular file (a pipe, socket or device)"
+        raise DataError(f"{key}={str(path)!r}: {kind}; allowed: a regular file")
+    return file
+
+
 def _int_column(values, name: str, source: str, minimum: int) -> np.ndarray:
     arr = pd.to_numeric(pd.Series(values), errors="coerce").to_numpy(dtype=float)
-    bad = np.flatnonzero(~np.isfinite(arr) | (arr < minimum) | (arr != np.round(arr)))
+    with np.errstate(invalid="ignore"):
+        bad = np.flatnonzero(~np.isfinite(arr) | (arr < minimum) | (arr > MAX_COUNT) | (arr != np.round(arr)))
     if len(bad):
         row = int(bad[0])
         value = pd.Series(values).iloc[row]
         value = value.item() if hasattr(value, "item") else value
         raise DataError(f"{source}: column '{name}' row {row} has value {value!r}; "
-                        f"allowed: whole numbers >= {minimum} ({len(bad)} bad row(s))")
+                        f"allowed: whole numbers >= {minimum} and <= {MAX_COUNT:,} ({len(bad)} bad row(s))")
     return arr.astype(np.int64)
 
 

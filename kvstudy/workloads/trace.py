@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from kvstudy.errors import DataError
+from kvstudy.workloads.requests import _int_column, regular_file
 
 ALIASES = {
     "prompt_tokens": ["prompt_tokens", "num_prefill_tokens"],
@@ -77,8 +78,7 @@ def trace(path: str, columns: Optional[Dict[str, str]] = None, time_unit: str = 
           num_requests: Optional[int] = None, drop_over_context: bool = False,
           max_model_len: Optional[int] = None, sample: Optional[str] = None, rate_scale: float = 1.0,
           rng: Optional[np.random.Generator] = None, over_context: str = "keep") -> pd.DataFrame:
-    """Read a trace. ``drop_over_context=True`` drops (with a warning giving the count) requests whose
-    prompt is longer than the model's context; by default such a request is an error, never a silent change.
+    """Read a trace.
 
     ``num_requests`` alone takes the first N rows. With ``sample`` (``with_replacement`` or
     ``without_replacement``) N rows are drawn at random with the run's length generator (``seed``, or
@@ -89,7 +89,10 @@ def trace(path: str, columns: Optional[Dict[str, str]] = None, time_unit: str = 
 
     ``over_context``: what to do with a request whose prompt + output exceeds the model's context (a real server
     stops generating at the limit): ``keep`` simulates it as given (a warning counts them), ``drop`` removes it,
-    ``truncate`` caps its output at context − prompt; each counts what it changed in a warning. The result keeps
+    ``truncate`` caps its output at context − prompt; each counts what it changed in a warning. A prompt alone
+    longer than the context is an error under ``keep`` (the run names this key) and dropped under ``drop`` and
+    ``truncate``. ``drop_over_context=True`` (the key before issue 35) drops only such prompts, whatever
+    ``over_context`` does with the rest. The result keeps
     the file's row number as ``request_id`` (or the file's own ``request_id`` column), so runs join back to it;
     sampled with replacement, where a row can repeat, the ids are the positions in the draw."""
     if over_context not in OVER_CONTEXT:
@@ -100,9 +103,7 @@ def trace(path: str, columns: Optional[Dict[str, str]] = None, time_unit: str = 
         raise DataError(f"workload.rate_scale={rate_scale!r}: must be a number > 0 (2 = twice the trace's rate)")
     if not path:
         raise DataError("workload.path is required for workload=trace (a .csv, .jsonl or .parquet file)")
-    file = Path(path)
-    if not file.exists():
-        raise DataError(f"workload.path={path!r}: file not found")
+    file = regular_file(path)  # a FIFO or folder: one line, never a hang
     raw = read_table(file)
     columns = dict(columns or {})
     out = {}
@@ -118,15 +119,20 @@ def trace(path: str, columns: Optional[Dict[str, str]] = None, time_unit: str = 
     df = pd.DataFrame(out)
     if not len(df):
         raise DataError(f"{path}: no requests (the file has a header but no rows); allowed: at least one row")
+    for field in ("prompt_tokens", "output_tokens"):  # here, before drops and sampling, a row is the file's row
+        _int_column(df[field], field, path, 1)
     if "request_id" not in df:
         df["request_id"] = np.arange(len(df))  # the file's row, kept through drops and sampling
     if "arrival_time" in df:
         df["arrival_time"] = _to_seconds(df["arrival_time"], time_unit, path)
-    if drop_over_context and max_model_len:
+    if (drop_over_context or over_context != "keep") and max_model_len:
+        # a prompt alone longer than the context: no server can serve it, so drop and truncate both drop it
         over = pd.to_numeric(df["prompt_tokens"], errors="coerce") > max_model_len
         if over.any():
             warnings.warn(f"{path}: dropped {int(over.sum())} of {len(df)} requests with prompts longer than the "
-                          f"model context {max_model_len} (workload.drop_over_context=true)", stacklevel=2)
+                          f"model context {max_model_len} (workload."
+                          f"{'drop_over_context=true' if drop_over_context else f'over_context={over_context}'})",
+                          stacklevel=2)
             df = df[~over].reset_index(drop=True)
     if max_model_len:
         prompt = pd.to_numeric(df["prompt_tokens"], errors="coerce")

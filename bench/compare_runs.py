@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pandas as pd
 
-WALL = {"wall_seconds", "simulate_seconds", "policy_seconds", "policy_us_per_iteration", "setup_seconds", "latency"}
+WALL = {"wall_seconds", "simulate_seconds", "policy_seconds", "policy_us_per_iteration", "setup_seconds", "latency",
+        "provenance"}  # provenance: the commit and versions (issue 35), not a result
 
 
 def _summary(path: Path) -> dict:

@@ -1,7 +1,8 @@
 """Where a result came from (summary.json's ``provenance``) and the fingerprint a resumed run is compared by.
 
 A finished run is skipped on a re-run only if its config *and* its code fingerprint match (``resume=code``, the
-default): the fingerprint hashes kvstudy's own source files, the Python files of a policy loaded from outside
+default): the fingerprint hashes the code of kvstudy's modules that make results (not their docstrings or
+comments; ``NOT_RESULTS`` names the modules left out), the Python files of a policy loaded from outside
 kvstudy (its module's folder, or its package: helpers and parent classes there count) and the profile files the
 latency model reads. ``resume=config`` skips a
 finished run of the same config whatever the code (the behaviour before issue 35, e.g. for runs written before
@@ -27,14 +28,45 @@ def _sha(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
+#: kvstudy's modules that cannot change a run's results (they read results, print, drive commands, or are other
+#: studies; the profiles the builder writes are hashed as files): left out of the code digest, so editing them does
+#: not make every finished run stale
+NOT_RESULTS = ("reproduce.py", "analysis.py", "timeline.py", "sweep_callback.py", "__main__.py", "optimum/",
+               "profiles/")
+
+
+def _code(path: Path) -> bytes:
+    """A module's code without its docstrings and comments (its AST), so that editing prose re-runs nothing."""
+    import ast
+
+    try:
+        tree = ast.parse(path.read_bytes())
+    except (SyntaxError, ValueError):
+        return path.read_bytes()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) \
+                and isinstance(getattr(body[0], "value", None), ast.Constant) and isinstance(body[0].value.value, str):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree, include_attributes=False).encode()
+
+
+@functools.lru_cache(maxsize=256)
+def _code_digest(path: str, mtime_ns: int, size: int) -> str:
+    return hashlib.sha256(_code(Path(path))).hexdigest()
+
+
 @functools.lru_cache(maxsize=1)
 def code_digest() -> str:
-    """sha256 over kvstudy's Python sources (relative path and bytes), computed once per process: the code a
-    process runs is the code it imported."""
+    """sha256 over the code of kvstudy's modules that make results (``NOT_RESULTS`` aside), docstrings and comments
+    left out, computed once per process: the code a process runs is the code it imported."""
     h = hashlib.sha256()
     for path in sorted(PACKAGE_DIR.rglob("*.py")):
-        h.update(str(path.relative_to(PACKAGE_DIR)).encode())
-        h.update(path.read_bytes())
+        rel = path.relative_to(PACKAGE_DIR).as_posix()
+        if any(rel == x or rel.endswith("/" + x) or (x.endswith("/") and rel.startswith(x)) for x in NOT_RESULTS):
+            continue
+        h.update(rel.encode())
+        h.update(_code(path))
     return h.hexdigest()
 
 
@@ -85,8 +117,9 @@ def user_module(target: Optional[str]) -> Optional[dict]:
     h = hashlib.sha256()
     files = _user_sources(module, Path(spec.origin))
     for path in files:
+        st = path.stat()
         h.update(path.name.encode())
-        h.update(file_digest(path).encode())
+        h.update(_code_digest(str(path), st.st_mtime_ns, st.st_size).encode())
     return {"module": module, "file": spec.origin, "files_hashed": len(files), "sha256": h.hexdigest()}
 
 

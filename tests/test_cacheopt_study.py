@@ -99,26 +99,6 @@ def test_metrics_of_a_small_sweep_score_every_system_against_the_same_slos(tmp_p
     assert np.allclose(m["rate"], 28.0 * 0.3)
 
 
-def test_every_line_of_the_study_script_composes():
-    """scripts/cacheopt_study.sh: each command, with the first value of each swept list, is a valid config."""
-    import shlex
-
-    from kvstudy.paths import REPO_ROOT
-    from kvstudy.validate import check_config
-
-    text = (REPO_ROOT / "scripts" / "cacheopt_study.sh").read_text()
-    opt175 = "model=opt_175b hardware=a100_tp8"
-    lines = [ln.replace("$OPT175", opt175) for ln in text.splitlines() if ln.startswith("python -m kvstudy")]
-    assert len(lines) == 20
-    for line in lines:
-        overrides = [a.split(",")[0] if "=" in a else a for a in shlex.split(line)[3:]]
-        if any(o.startswith("policy.") for o in overrides) and "+experiment=cacheopt_sensitivity" not in overrides:
-            overrides.append("+policy=cacheopt")  # the sweep's +policy (a sweeper parameter)
-        cfg = api.compose(overrides)
-        check_config(cfg)
-        assert cfg.engine.progress is False
-
-
 def test_intervals_are_95_percent_t_half_widths():
     # seeds 1, 2, 3: mean 2, sd 1, t(0.975, 2) = 4.303 -> half-width 4.303 / sqrt(3) = 2.484
     assert study.interval([1.0, 2.0, 3.0]) == pytest.approx(2.4841, abs=1e-4)

@@ -86,7 +86,7 @@ def test_a_users_policy_module_is_part_of_the_fingerprint(tmp_path, monkeypatch)
     summary = api.run(cfg, out)
     assert summary["provenance"]["policy_module"]["file"] == str(module)
     assert api.run(cfg, out).get("skipped")
-    module.write_text(module.read_text() + "\n# edited\n")
+    module.write_text(module.read_text() + "\nEDITED = True\n")
     with pytest.warns(UserWarning, match="made by other code"):
         assert not api.run(cfg, out).get("skipped")
 
@@ -123,3 +123,15 @@ def test_a_helper_beside_the_users_policy_is_part_of_the_fingerprint(tmp_path, m
     (tmp_path / "helper_lengths.py").write_text("BONUS = 1\n")
     with pytest.warns(UserWarning, match="made by other code"):
         assert not api.run(cfg, out).get("skipped")
+
+
+def test_prose_does_not_change_the_fingerprint_code_does(tmp_path):
+    """Docstrings and comments are not code: editing them leaves finished runs current; a changed line does not."""
+    path = tmp_path / "m.py"
+    path.write_text('"""A module."""\ndef f(x):\n    """Twice x."""\n    return 2 * x  # doubled\n')
+    before = provenance._code(path)
+    path.write_text('"""A module, better said."""\ndef f(x):\n    """x, twice."""\n    return 2 * x\n')
+    assert provenance._code(path) == before
+    path.write_text('"""A module."""\ndef f(x):\n    """Twice x."""\n    return 3 * x\n')
+    assert provenance._code(path) != before
+    assert "reproduce.py" in provenance.NOT_RESULTS and "timeline.py" in provenance.NOT_RESULTS

@@ -62,6 +62,8 @@ def small(cmd: str, tmp):
         size = [] if "workload=trace" in rest else ["workload.num_requests=40"]
         where = f"hydra.sweep.dir={tmp / 'sweep'}" if "-m" in rest else f"hydra.run.dir={tmp / 'run'}"
         return exe + rest + size + [where]
+    if module == "kvstudy.reproduce":  # the whole of a paper takes minutes to an hour: its plan only
+        return exe + rest + ([] if "--dry-run" in rest else ["--dry-run"])
     if module == "kvstudy.studies":
         return exe + rest + ["workload.num_requests=100", f"out={tmp / 'alpha'}"]
     if module == "kvstudy.optimum":

@@ -4,7 +4,6 @@
 a Python block), with HOME set to that folder; then each of its policies through the checks every built-in policy
 gets (tests/test_conformance.py)."""
 import os
-import pickle
 import re
 import subprocess
 import sys
@@ -20,7 +19,7 @@ from kvstudy.paths import REPO_ROOT
 from kvstudy.policies.base import Policy
 from kvstudy.policies.step import StepPolicy
 from tests.step_helpers import step_engine
-from tests.test_conformance import instance, run
+from tests.test_conformance import assert_deterministic, instance, run
 
 PAGE = REPO_ROOT / "docs" / "policies.md"
 BLOCK = re.compile(r"^<!-- (?:file: (?P<path>\S+)|run(?P<python>: python)?) -->\n```[\w-]*\n(?P<body>.*?)^```",
@@ -139,12 +138,7 @@ def test_conformance(name, build):
             assert (res.iterations.loc[~res.iterations["overflow"], "kv_tokens_in_use"] <= 80).all()
             if memory == "paged":
                 assert (res.iterations["blocks_used"] <= 20).all()
-        req = instance(7)
-        first = run(build(name), req, memory=memory).requests
-        again = build(name)
-        run(again, instance(8), memory=memory)  # a different run first: nothing may carry over
-        assert run(again, req, memory=memory).requests.equals(first)
-        assert run(pickle.loads(pickle.dumps(build(name))), req, memory=memory).requests.equals(first)
+        assert_deterministic(lambda: build(name), memory)
 
 
 @pytest.mark.parametrize("name", sorted(POLICY_YAMLS))

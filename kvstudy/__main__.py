@@ -45,6 +45,24 @@ def _print_summary(summary: dict, folder: str) -> None:
     print(f"outputs: {folder}")
 
 
+def _internal_error(exc: Exception, folder: str) -> int:
+    """An exception that is no user error (a bug in a policy's code, or in kvstudy): its traceback on stderr and in
+    the run's error.txt, then one line; status 1."""
+    import traceback
+    from pathlib import Path
+
+    from kvstudy.atomic import write_text_atomic
+    from kvstudy.outputs import is_complete
+
+    text = "".join(traceback.format_exception(exc))
+    print(text, file=sys.stderr, end="")
+    if not is_complete(folder):
+        write_text_atomic(Path(folder) / "error.txt", f"internal error: {exc!r}\n{text}")
+    print(f"error: {type(exc).__name__}: {exc} raised inside the run, not a config error (a bug in the policy's "
+          f"code or in kvstudy): traceback above and in {folder}/error.txt", file=sys.stderr)
+    return 1
+
+
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     from hydra.types import RunMode
@@ -64,8 +82,16 @@ def main(cfg: DictConfig) -> None:
             report(exc)
             return
         sys.exit(report(exc))
+    except Exception as exc:  # not a user error: a bug in a policy (a user's own) or in kvstudy
+        if multirun:
+            raise
+        sys.exit(_internal_error(exc, folder))
     if summary.get("skipped"):
         print(f"complete already, skipped: {folder} (resume=never runs it again)")
+        if summary["status"] not in ("completed",):
+            print(f"error: the finished run ended with status {summary['status']}: {summary.get('message')}",
+                  file=sys.stderr)
+            sys.exit(3)
         return
     _print_summary(summary, folder)
     if summary["status"] == "interrupted":

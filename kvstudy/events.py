@@ -5,7 +5,9 @@ otherwise (its calls sit behind ``if events is not None``, so a run without it d
 in the run folder beside the others:
 
 ``events.parquet``: one row per event, in the order they happened: ``time`` (seconds, the engine's clock),
-``iteration`` (the row of iterations.parquet the event belongs to; -1 for a rejection before the run starts),
+``iteration`` (the row of iterations.parquet the event belongs to; -1 for a rejection before the run starts; a
+step that computes nothing, only preempts or swaps, has no row of its own: its events carry the next row's index,
+or the number of rows if the run ends first),
 ``request_id`` (requests.parquet's; -1 for a clearing event, which concerns the whole batch), ``kind``, ``mode``,
 ``tokens``:
 

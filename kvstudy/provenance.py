@@ -58,15 +58,30 @@ def _code_digest(path: str, mtime_ns: int, size: int) -> str:
 
 @functools.lru_cache(maxsize=1)
 def code_digest() -> str:
-    """sha256 over the code of kvstudy's modules that make results (``NOT_RESULTS`` aside), docstrings and comments
-    left out, computed once per process: the code a process runs is the code it imported."""
+    """sha256, computed once per process (the code a process runs is the code it imported), over what a run's
+    results depend on besides its resolved config: the code of kvstudy's modules that make results (``NOT_RESULTS``
+    aside; docstrings and comments left out), the data files shipped inside the package (the Arena request set),
+    every config file's content (comments left out: a policy's set-up composes other configs, e.g. CacheOPT's SLO
+    reference runs, whose values are not in the run's own resolved config) and the vidur version."""
+    from omegaconf import OmegaConf
+
+    from kvstudy.paths import CONF_DIR
+
     h = hashlib.sha256()
-    for path in sorted(PACKAGE_DIR.rglob("*.py")):
+    for path in sorted(PACKAGE_DIR.rglob("*")):
         rel = path.relative_to(PACKAGE_DIR).as_posix()
-        if any(rel == x or rel.endswith("/" + x) or (x.endswith("/") and rel.startswith(x)) for x in NOT_RESULTS):
+        if not path.is_file() or "__pycache__" in rel or \
+                any(rel == x or rel.endswith("/" + x) or (x.endswith("/") and rel.startswith(x)) for x in NOT_RESULTS):
             continue
         h.update(rel.encode())
-        h.update(_code(path))
+        h.update(_code(path) if path.suffix == ".py" else path.read_bytes())
+    for path in sorted(CONF_DIR.rglob("*.yaml")):
+        h.update(path.relative_to(CONF_DIR).as_posix().encode())
+        try:
+            h.update(repr(OmegaConf.to_container(OmegaConf.load(path), resolve=False)).encode())
+        except Exception:  # a file Hydra would refuse anyway
+            h.update(path.read_bytes())
+    h.update(str(_version("vidur")).encode())
     return h.hexdigest()
 
 

@@ -23,11 +23,13 @@ def run_recording_errors(cfg: DictConfig, folder, record: bool = True) -> dict:
     from kvstudy.atomic import write_text_atomic
     from kvstudy.errors import KvStudyError
 
+    from kvstudy.outputs import is_complete
+
     error_file = Path(folder) / ERROR_FILE
     try:
         summary = api.run(cfg, folder)
     except KvStudyError as exc:
-        if record:
+        if record and not is_complete(folder):  # never mark another config's finished run as failed
             write_text_atomic(error_file, f"{exc}\n")
         raise
     if error_file.exists():  # an earlier attempt of this run failed; this one did not

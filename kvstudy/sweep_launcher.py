@@ -98,12 +98,18 @@ def job_config(sig: Tuple[str, ...], overrides: List[str], idx: int) -> Tuple[Di
     base, hyd = _BASES[sig]
     parsed = _parser().parse_overrides(list(overrides))
     task = copy.deepcopy(base)
+    named = []  # the overrides the folder is named by: a policy key as the user wrote it, and only where it applies
     for o in parsed:
-        if _is_plain(o) or (_is_policy_key(o) and OmegaConf.select(task, o.key_or_group, default=_ABSENT)
-                            is not _ABSENT):
+        if _is_policy_key(o):
+            if OmegaConf.select(task, o.key_or_group, default=_ABSENT) is _ABSENT:
+                continue  # this run's policy has no such setting: it runs, and is named, without it
             OmegaConf.update(task, o.key_or_group, o.value(), merge=True)
+            o = _parser().parse_overrides([o.input_line[2:]])[0]
+        elif _is_plain(o):
+            OmegaConf.update(task, o.key_or_group, o.value(), merge=True)
+        named.append(o)
     d = hyd["dirname"]
-    dirname = get_overrides_dirname(overrides=parsed, exclude_keys=list(d["exclude_keys"]), item_sep=d["item_sep"],
+    dirname = get_overrides_dirname(overrides=named, exclude_keys=list(d["exclude_keys"]), item_sep=d["item_sep"],
                                      kv_sep=d["kv_sep"])
     # the sweep dir may interpolate the task (outputs/table1/${hardware.name}): resolve it against this job's task
     with open_dict(task):
@@ -161,6 +167,23 @@ def _say_policy_keys(jobs) -> None:
               f"{', '.join(sorted(names))}: no such setting, run without it", flush=True)
 
 
+def _distinct(jobs):
+    """One job per run folder: a policy key swept over values its policy lacks (``-m +policy=vllm,rr
+    policy.steps_before_preemption=5,10``) gives the same run twice; it runs once (said once)."""
+    seen, kept, dropped = set(), [], 0
+    for job in jobs:
+        folder = job_config(job[2], job[1], job[0])[1]
+        if folder in seen:
+            dropped += 1
+            continue
+        seen.add(folder)
+        kept.append(job)
+    if dropped:
+        print(f"[kvstudy launcher] {dropped} run(s) left out: the same config as another run of this sweep (a swept "
+              f"policy key their policy has no setting for)", flush=True)
+    return kept
+
+
 class BatchLauncher(Launcher):
     def __init__(self, n_jobs: int = -1, chunksize: int = 4) -> None:
         super().__init__()
@@ -185,6 +208,8 @@ class BatchLauncher(Launcher):
                 remember(self.hydra_context.config_loader.load_sweep_config(self.config, list(sig)), sig)
             jobs.append((initial_job_idx + k, overrides, sig))
         _say_policy_keys(jobs)
+        jobs = _distinct(jobs)
+        by_index = {job[0]: job[1] for job in jobs}
         workers = (os.cpu_count() or 1) if self.n_jobs < 1 else self.n_jobs
         workers = max(1, min(workers, len(jobs)))
         print(f"[kvstudy launcher] {len(jobs)} runs, {workers} worker process(es), "
@@ -198,7 +223,7 @@ class BatchLauncher(Launcher):
         try:
             for idx, folder, line in results:
                 print(f"#{idx} {folder}: {line}", flush=True)
-                ret = JobReturn(overrides=jobs[idx - initial_job_idx][1], cfg=None, hydra_cfg=None,
+                ret = JobReturn(overrides=by_index[idx], cfg=None, hydra_cfg=None,
                                 working_dir=os.getcwd(), task_name="kvstudy", status=JobStatus.COMPLETED,
                                 _return_value=line)
                 done.append(ret)

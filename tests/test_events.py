@@ -43,8 +43,10 @@ def test_events_reconcile_with_the_tables(name):
     # admissions: one per life (first start and each recompute that came back)
     assert (counts["admit"] >= (req.state == "done").astype(int)).all()
     assert (np.diff(ev.time.to_numpy()) >= -1e-9).all() or name.endswith("unit")  # in order (unit: round stamps)
+    assert ev.iteration.between(-1, len(it)).all()  # a row of iterations.parquet, or the next one (docstring)
     # batches: each iteration's rows add up to its columns
     rows = np.arange(len(it))
+    assert b.iteration.between(0, len(it) - 1).all()
     size = b.groupby("iteration").size().reindex(rows, fill_value=0).to_numpy()
     pre = b[b.phase == "prefill"].groupby("iteration").tokens.sum().reindex(rows, fill_value=0).to_numpy()
     dec = b[b.phase == "decode"].groupby("iteration").size().reindex(rows, fill_value=0).to_numpy()

@@ -189,3 +189,55 @@ def test_keys_of_a_users_own_policy_and_options_not_found(tmp_path):
         check_overrides(["+policy=mine"])
     with pytest.raises(ConfigError, match=rf"unknown policy 'minee'; .*looked in conf/policy/ and {tmp_path}/policy/"):
         check_overrides([search, "+policy=minee"])
+
+
+# the review of issue 35: what a re-run, a foreign folder and a policy's own exception do --------------------------------
+def test_a_finished_run_that_did_not_complete_still_fails_when_skipped(tmp_path):
+    args = ["+policy=mcsf", *FAST, "memory.capacity_tokens=16", f"hydra.run.dir={tmp_path / 'r'}"]
+    assert cli(*args).returncode == 3
+    again = cli(*args)
+    assert again.returncode == 3 and "complete already, skipped" in again.stdout
+    assert "error: the finished run ended with status nothing_served" in again.stderr
+
+
+def test_a_refused_folder_is_not_marked_failed(tmp_path):
+    from kvstudy.sweep_callback import run_recording_errors
+
+    out = tmp_path / "r"
+    api.run(api.compose(["+policy=mcsf", *FAST]), out)
+    with pytest.raises(ConfigError, match="different config"):
+        run_recording_errors(api.compose(["+policy=mcsf", *FAST, "seed=3"]), out)
+    assert not (out / "error.txt").exists()
+
+
+def test_an_exception_inside_a_users_policy(tmp_path):
+    import os
+    (tmp_path / "raising_policy.py").write_text(textwrap.dedent("""
+        from kvstudy.policies.base import Policy
+
+        class Raising(Policy):
+            name = "raising"
+
+            def order(self, view):
+                raise ValueError("my bug")
+
+            def admit(self, view, order):
+                return order
+    """))
+    (tmp_path / "policy").mkdir()
+    (tmp_path / "policy" / "raising.yaml").write_text("_target_: raising_policy.Raising\nname: raising\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    proc = cli(f"hydra.searchpath=[file://{tmp_path}]", "+policy=raising", *FAST, f"hydra.run.dir={tmp_path / 'r'}",
+               env=env)
+    assert proc.returncode == 1 and "Traceback" in proc.stderr and "raising_policy.py" in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: ValueError: my bug raised inside the run")
+    assert "my bug" in (tmp_path / "r" / "error.txt").read_text()
+
+
+def test_policy_keys_name_folders_as_written_and_identical_runs_run_once(tmp_path):
+    proc = cli("-m", "+policy=vllm,rr", "policy.steps_before_preemption=5,10", *FAST, f"hydra.sweep.dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr
+    folders = sorted(p.name for p in tmp_path.iterdir() if p.is_dir())
+    assert len(folders) == 3 and not any("++" in f for f in folders)
+    assert sum("policy.steps_before_preemption=" in f for f in folders) == 2
+    assert "1 run(s) left out" in proc.stdout

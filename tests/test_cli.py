@@ -32,7 +32,9 @@ def test_missing_policy_is_one_clear_line(tmp_path):
 def test_unknown_option_is_one_clear_line(tmp_path):
     proc = kvstudy("+policy=mcsf,nope", "+demand=high", f"hydra.run.dir={tmp_path}")
     assert proc.returncode == 2
-    assert proc.stderr.strip() == "error: unknown policy 'nope'; allowed: " + ", ".join(options("policy"))
+    assert proc.stderr.strip() == "error: unknown policy 'nope'; allowed: " + ", ".join(options("policy")) + \
+        "; an option of your own: put nope.yaml in <folder>/policy/ and add hydra.searchpath=[file:///absolute/path/" \
+        "to/<folder>]"
 
 
 def test_latency_printout():

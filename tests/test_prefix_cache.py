@@ -113,3 +113,25 @@ def test_cache_hits_equal_the_independent_count_on_mooncake(name, rows):
         cache.release(i)
     assert hits == reusable_tokens([r["hash_ids"] for r in trace], [r["input_length"] for r in trace])
     assert sum(hits) > 0.1 * sum(r["input_length"] for r in trace)  # the traces do share prefixes
+
+
+@pytest.mark.skipif(not MOONCAKE.exists(), reason=f"needs Mooncake's traces in {MOONCAKE} (../shared, present in CI)")
+def test_mooncake_traces_load_as_traces():
+    """workload=trace reads Mooncake's columns (timestamp in ms, input_length, output_length); each request keeps
+    its file row as request_id. Without a long-context model most prompts are over the context: dropped, counted."""
+    from kvstudy import api
+
+    path = MOONCAKE / "conversation_trace.jsonl"
+    with pytest.warns(UserWarning, match="dropped"):
+        result, summary = api.simulate(api.compose([
+            "+policy=vllm", "workload=trace", f"workload.path={path}", "workload.time_unit=ms",
+            "workload.over_context=drop", "model=llama32_1b", "hardware=a100_tp1", "latency=linear",
+            "workload.num_requests=40", "engine.progress=false"]))
+    with open(path) as f:
+        rows = [json.loads(line) for line in f]
+    req = result.requests
+    assert summary["completed"] == 40
+    for rid, prompt, output, arrival in zip(req.request_id, req.prompt_tokens, req.output_tokens, req.arrival_time):
+        row = rows[int(rid)]
+        assert (prompt, output) == (row["input_length"], row["output_length"])
+        assert arrival == pytest.approx(row["timestamp"] / 1000)

@@ -19,9 +19,9 @@ from kvstudy.errors import DataError
 from kvstudy.workloads.requests import _int_column, regular_file
 
 ALIASES = {
-    "prompt_tokens": ["prompt_tokens", "num_prefill_tokens"],
-    "output_tokens": ["output_tokens", "num_decode_tokens"],
-    "arrival_time": ["arrival_time", "arrived_at"],
+    "prompt_tokens": ["prompt_tokens", "num_prefill_tokens", "input_length"],   # input_length: Mooncake's traces
+    "output_tokens": ["output_tokens", "num_decode_tokens", "output_length"],
+    "arrival_time": ["arrival_time", "arrived_at", "timestamp"],                 # Mooncake's: ms (workload.time_unit=ms)
     "predicted_output_tokens": ["predicted_output_tokens"],
     "request_id": ["request_id"],
 }

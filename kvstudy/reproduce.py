@@ -300,6 +300,17 @@ def missing_notebook_packages() -> List[str]:
             if importlib.util.find_spec(name) is None]
 
 
+def _jupyter_path_with_base_prefix() -> None:
+    """A virtual environment made with ``--system-site-packages`` imports nbconvert from the base Python, whose
+    ``share/jupyter`` (nbconvert's HTML templates) Jupyter's search path leaves out: add it (``JUPYTER_PATH``)."""
+    base = Path(sys.base_prefix) / "share" / "jupyter"
+    if sys.base_prefix == sys.prefix or not (base / "nbconvert" / "templates").is_dir():
+        return
+    paths = [p for p in os.environ.get("JUPYTER_PATH", "").split(os.pathsep) if p]
+    if str(base) not in paths:
+        os.environ["JUPYTER_PATH"] = os.pathsep.join(paths + [str(base)])
+
+
 def execute_notebook(path: Path, html: Path, results: Path, timeout: Optional[int] = None,
                      kernel_log: Optional[Path] = None) -> Tuple[Optional[str], List[str]]:
     """Execute a notebook headless on ``results`` and write it as HTML (also when a cell fails); the kernel's own
@@ -332,6 +343,7 @@ def execute_notebook(path: Path, html: Path, results: Path, timeout: Optional[in
             os.environ["KVSTUDY_RESULTS"] = previous
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Cell is missing an id field")
+        _jupyter_path_with_base_prefix()
         body, _ = HTMLExporter().from_notebook_node(nb)
     html.parent.mkdir(parents=True, exist_ok=True)
     tmp = html.with_suffix(".html.tmp")

@@ -49,15 +49,11 @@ def _internal_error(exc: Exception, folder: str) -> int:
     """An exception that is no user error (a bug in a policy's code, or in kvstudy): its traceback on stderr and in
     the run's error.txt, then one line; status 1."""
     import traceback
-    from pathlib import Path
 
-    from kvstudy.atomic import write_text_atomic
-    from kvstudy.outputs import is_complete
+    from kvstudy.sweep_callback import internal_error_text, record_error
 
-    text = "".join(traceback.format_exception(exc))
-    print(text, file=sys.stderr, end="")
-    if not is_complete(folder):
-        write_text_atomic(Path(folder) / "error.txt", f"internal error: {exc!r}\n{text}")
+    print("".join(traceback.format_exception(exc)), file=sys.stderr, end="")
+    record_error(folder, internal_error_text(exc))
     print(f"error: {type(exc).__name__}: {exc} raised inside the run, not a config error (a bug in the policy's "
           f"code or in kvstudy): traceback above and in {folder}/error.txt", file=sys.stderr)
     return 1

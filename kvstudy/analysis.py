@@ -24,7 +24,7 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from kvstudy.errors import ConfigError
-from kvstudy.outputs import is_complete
+from kvstudy.outputs import finished_summary
 
 
 def _flatten(prefix: str, value: Any, out: Dict[str, Any]) -> None:
@@ -68,13 +68,12 @@ def load_sweep(folder) -> pd.DataFrame:
     rows, incomplete = [], 0
     for cfg_file in sorted(root.rglob("resolved_config.yaml")):
         run = cfg_file.parent
-        summary_file = run / "summary.json"
-        if not is_complete(run):  # not finished, failed, or interrupted (re-run on resume)
+        summary = finished_summary(run)
+        if summary is None:  # not finished, failed, or interrupted (re-run on resume)
             incomplete += 1
             continue
         row: Dict[str, Any] = {}
         _flatten("", OmegaConf.to_container(OmegaConf.load(cfg_file)), row)
-        summary = json.loads(summary_file.read_text())
         summary.pop("latency", None)
         _flatten("", summary, row)
         row["folder"] = str(run)

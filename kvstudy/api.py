@@ -31,7 +31,7 @@ from kvstudy.states import EngineResult
 from kvstudy.errors import ConfigError
 from kvstudy.step_engine import StepEngine
 from kvstudy.latency.tables import HardwareSpec
-from kvstudy.outputs import is_complete, summarize, write_run
+from kvstudy.outputs import finished_summary, summarize, write_run
 from kvstudy.paths import CONF_DIR
 from kvstudy.predictors import predict
 from kvstudy.run_context import RunContext, engine_inputs
@@ -333,10 +333,11 @@ def simulate(cfg: DictConfig) -> Tuple[EngineResult, dict]:
     sim_started = time.perf_counter()
     result = engine.run()
     name = OmegaConf.select(cfg, "policy.name", default=None) or getattr(policy, "name", type(policy).__name__)
+    described = latency.describe()
     result.extra = {**result.extra, "policy": name, "model": arch.name, "hardware": hw.name, "seed": seed,
-                    "latency": latency.describe(), "simulate_seconds": round(time.perf_counter() - sim_started, 3),
-                    "wall_seconds": round(time.perf_counter() - started, 3)}
-    result.extra["provenance"] = provenance.record(_policy_target(cfg), _profile_paths(cfg), latency.describe())
+                    "latency": described, "simulate_seconds": round(time.perf_counter() - sim_started, 3),
+                    "wall_seconds": round(time.perf_counter() - started, 3),
+                    "provenance": provenance.record(_policy_target(cfg), _profile_paths(cfg), described)}
     if callable(after):
         after(result, ctx)
     return result, summarize(result)
@@ -439,7 +440,8 @@ def run(cfg: DictConfig, out_dir, resume=True) -> dict:
     mode = _resume_mode(cfg, resume)
     resolved = OmegaConf.to_yaml(cfg, resolve=True)
     config_file = out / "resolved_config.yaml"
-    if is_complete(out):
+    summary = finished_summary(out)
+    if summary is not None:
         if not config_file.exists():
             raise ConfigError(f"{out} holds a finished run without its resolved_config.yaml; choose another folder")
         try:
@@ -452,7 +454,6 @@ def run(cfg: DictConfig, out_dir, resume=True) -> dict:
             key, there, here = diff
             raise ConfigError(f"{out} already holds a finished run of a different config ({key}: {there!r} there, "
                               f"{here!r} here); choose another folder (hydra.run.dir), or delete that one")
-        summary = json.loads((out / "summary.json").read_text())
         stale = mode == "never"
         if mode == "code":
             stored = (summary.get("provenance") or {}).get("fingerprint")

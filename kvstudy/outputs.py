@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import pandas as pd
@@ -80,13 +81,19 @@ def write_run(folder: Path, result: EngineResult, summary: dict) -> None:
     write_text_atomic(folder / "summary.json", json.dumps(summary, indent=1, default=str) + "\n")
 
 
-def is_complete(folder: Path) -> bool:
-    """A finished run: summary.json is written last, and an interrupted run's (status ``interrupted``) does not
-    count, so a resumed sweep runs it again."""
+def finished_summary(folder: Path) -> Optional[dict]:
+    """The summary of a finished run in ``folder``, else None: summary.json is written last, and an interrupted
+    run's (status ``interrupted``) does not count, so a resumed sweep runs it again."""
     path = Path(folder) / "summary.json"
     if not path.exists():
-        return False
+        return None
     try:
-        return json.loads(path.read_text()).get("status") != "interrupted"
+        summary = json.loads(path.read_text())
     except (ValueError, OSError):
-        return False
+        return None
+    return summary if isinstance(summary, dict) and summary.get("status") != "interrupted" else None
+
+
+def is_complete(folder: Path) -> bool:
+    """A finished run (``finished_summary``)."""
+    return finished_summary(folder) is not None

@@ -24,10 +24,6 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 RESUME_MODES = ("code", "config", "never")
 
 
-def _sha(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
 #: kvstudy's modules that cannot change a run's results (they read results, print, drive commands, or are other
 #: studies; the profiles the builder writes are hashed as files): left out of the code digest, so editing them does
 #: not make every finished run stale
@@ -49,11 +45,6 @@ def _code(path: Path) -> bytes:
                 and isinstance(getattr(body[0], "value", None), ast.Constant) and isinstance(body[0].value.value, str):
             node.body = body[1:] or [ast.Pass()]
     return ast.dump(tree, include_attributes=False).encode()
-
-
-@functools.lru_cache(maxsize=256)
-def _code_digest(path: str, mtime_ns: int, size: int) -> str:
-    return hashlib.sha256(_code(Path(path))).hexdigest()
 
 
 @functools.lru_cache(maxsize=1)
@@ -85,15 +76,15 @@ def code_digest() -> str:
     return h.hexdigest()
 
 
-@functools.lru_cache(maxsize=64)
-def _file_digest(path: str, mtime_ns: int, size: int) -> str:
-    return _sha(Path(path))
+@functools.lru_cache(maxsize=512)
+def _digest(path: str, mtime_ns: int, size: int, code: bool) -> str:
+    return hashlib.sha256(_code(Path(path)) if code else Path(path).read_bytes()).hexdigest()
 
 
-def file_digest(path) -> str:
-    p = Path(path)
-    st = p.stat()
-    return _file_digest(str(p), st.st_mtime_ns, st.st_size)
+def file_digest(path, code: bool = False) -> str:
+    """sha256 of a file's bytes (``code``: of a Python module's code, ``_code``), cached until the file changes."""
+    st = Path(path).stat()
+    return _digest(str(path), st.st_mtime_ns, st.st_size, code)
 
 
 #: at most this many files of a user's folder are hashed (a module living in a huge folder: only its own file)
@@ -104,10 +95,11 @@ def _user_sources(module: str, origin: Path) -> list:
     """The Python files a user's policy module may depend on: its top-level package's (recursively) if it is in a
     package, else every ``.py`` file beside it (helpers, a parent class in a sibling module)."""
     top = module.split(".")[0]
-    folder = origin.parent
+    package = origin.name == "__init__.py"
+    folder = origin.parent.parent if package else origin.parent  # the folder holding the module (or package)
     for _ in range(module.count(".")):
-        folder = folder.parent  # from a.b.c's file up to the folder holding package a
-    if module.count(".") or origin.name == "__init__.py":
+        folder = folder.parent  # from a.b.c up to the folder holding package a
+    if module.count(".") or package:
         files = sorted((folder / top).rglob("*.py")) if (folder / top).is_dir() else [origin]
     else:
         files = sorted(folder.glob("*.py"))
@@ -132,9 +124,8 @@ def user_module(target: Optional[str]) -> Optional[dict]:
     h = hashlib.sha256()
     files = _user_sources(module, Path(spec.origin))
     for path in files:
-        st = path.stat()
         h.update(path.name.encode())
-        h.update(_code_digest(str(path), st.st_mtime_ns, st.st_size).encode())
+        h.update(file_digest(path, code=True).encode())
     return {"module": module, "file": spec.origin, "files_hashed": len(files), "sha256": h.hexdigest()}
 
 

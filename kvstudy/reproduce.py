@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from kvstudy.errors import ConfigError, report
 from kvstudy.paths import REPO_ROOT
 
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
@@ -176,17 +177,10 @@ PAPERS: Dict[str, Paper] = {
 }
 
 
-class UsageError(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, like every kvstudy command's errors
-        raise UsageError(message)
-
-
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m kvstudy.reproduce",
+    from kvstudy.validate import one_line_parser  # usage errors in one line, as every kvstudy command's
+
+    p = one_line_parser()(prog="python -m kvstudy.reproduce",
                 description="Run a paper's experiments (resumable), then execute its notebooks to HTML.")
     p.add_argument("paper", help=f"{', '.join(PAPERS)} or all")
     p.add_argument("overrides", nargs="*", help="Hydra overrides for every kvstudy command (after --)")
@@ -429,16 +423,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         args = _parser().parse_args(argv[:after])
         args.overrides += argv[after + 1:]
         if args.paper != "all" and args.paper not in PAPERS:
-            raise UsageError(f"unknown paper '{args.paper}'; allowed: {', '.join(PAPERS)}, all")
+            raise ConfigError(f"unknown paper '{args.paper}'; allowed: {', '.join(PAPERS)}, all")
         bad = [o for o in args.overrides if "=" not in o]
         if bad:
-            raise UsageError(f"'{bad[0]}' is not a Hydra override (key=value); overrides go after --, "
+            raise ConfigError(f"'{bad[0]}' is not a Hydra override (key=value); overrides go after --, "
                              f"e.g. -- hardware=a100_vidur_default")
         if args.jobs is not None and args.jobs < 1:
-            raise UsageError(f"--jobs {args.jobs}: allowed a positive number of worker processes")
-    except UsageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+            raise ConfigError(f"--jobs {args.jobs}: allowed a positive number of worker processes")
+    except ConfigError as exc:
+        return report(exc)
     papers = list(PAPERS) if args.paper == "all" else [args.paper]
     if args.dry_run:
         dry_run(papers, args.jobs, args.overrides, args.figures_only)

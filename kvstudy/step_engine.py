@@ -303,12 +303,13 @@ class StepEngine:
         more = f" and {len(ids) - most} more" if len(ids) > most else ""
         return f"request(s) {', '.join(map(str, ids[:most]))}{more}"
 
-    def _where(self) -> str:
-        """The engine's state for an error message: who waits, runs, is swapped out, and the blocks in use."""
+    def _located(self, exc: PolicyError, step: int, t: float) -> PolicyError:
+        """A refused decision, named with where the run was: the iteration, its time, who waits, runs, is swapped
+        out, and the blocks in use."""
         mem = self.memory
         blocks = f", {mem.used}/{mem.num_blocks} KV blocks in use" if mem.tracks_blocks else ""
-        return (f"{len(self.waiting)} waiting, running {self._ids(self.running)}, {len(self.swapped)} swapped out"
-                f"{blocks}")
+        return PolicyError(f"iteration {step} (time {t:.6g}): {exc}; {len(self.waiting)} waiting, running "
+                           f"{self._ids(self.running)}, {len(self.swapped)} swapped out{blocks}")
 
     def _admissions_ok(self, d: Decision) -> bool:
         """A decision of whole prefills of distinct waiting requests plus ``decode_all``, checked the short way (the
@@ -642,7 +643,7 @@ class StepEngine:
                         policy_s += perf_counter() - t0
                         dt = self._clear(victims, t, log, name)
                     except PolicyError as exc:
-                        raise PolicyError(f"iteration {step} (time {t:.6g}): {exc}; {self._where()}") from None
+                        raise self._located(exc, step, t) from None
                     t += dt
                     step += 1
                     clearing += 1
@@ -660,7 +661,7 @@ class StepEngine:
                     if check:
                         self._check(d, name)
                 except PolicyError as exc:
-                    raise PolicyError(f"iteration {step} (time {t:.6g}): {exc}; {self._where()}") from None
+                    raise self._located(exc, step, t) from None
                 if d.decode_all and not (d.preempt or d.swap_in or d.prefill or d.decode or d.reserve or d.lend
                                          or prefilling or self.reserved_ids) and running:
                     # the most common step, the general path's arithmetic without its empty branches: every running

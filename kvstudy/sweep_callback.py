@@ -16,21 +16,34 @@ from omegaconf import DictConfig
 ERROR_FILE = "error.txt"
 
 
+def record_error(folder, text: str) -> None:
+    """Write a run's ``error.txt``, unless the folder holds a finished run (never mark another run as failed)."""
+    from kvstudy.atomic import write_text_atomic
+    from kvstudy.outputs import is_complete
+
+    if not is_complete(folder):
+        write_text_atomic(Path(folder) / ERROR_FILE, text)
+
+
+def internal_error_text(exc: BaseException) -> str:
+    """``error.txt`` of an exception that is no user error: its repr and traceback."""
+    import traceback
+
+    return f"internal error: {exc!r}\n{''.join(traceback.format_exception(exc))}"
+
+
 def run_recording_errors(cfg: DictConfig, folder, record: bool = True) -> dict:
     """``api.run`` for one run of a sweep (both ``python -m kvstudy -m`` paths): a user error is recorded in the
     run's ``error.txt`` (with ``record``) and raised again; a run that succeeds clears one an earlier attempt left."""
     from kvstudy import api
-    from kvstudy.atomic import write_text_atomic
     from kvstudy.errors import KvStudyError
-
-    from kvstudy.outputs import is_complete
 
     error_file = Path(folder) / ERROR_FILE
     try:
         summary = api.run(cfg, folder)
     except KvStudyError as exc:
-        if record and not is_complete(folder):  # never mark another config's finished run as failed
-            write_text_atomic(error_file, f"{exc}\n")
+        if record:
+            record_error(folder, f"{exc}\n")
         raise
     if error_file.exists():  # an earlier attempt of this run failed; this one did not
         error_file.unlink()

@@ -24,7 +24,6 @@ import copy
 import multiprocessing as mp
 import os
 import sys
-import traceback
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -70,13 +69,6 @@ def signature(overrides: List[str]) -> Tuple[str, ...]:
     """The overrides that need Hydra's composition (group choices, additions, deletions, hydra.*)."""
     return tuple(o.input_line for o in _parser().parse_overrides(list(overrides))
                  if not _is_plain(o) and not _is_policy_key(o))
-
-
-def policy_keys_without_effect(sig: Tuple[str, ...], overrides: List[str]) -> List[str]:
-    """The ``++policy.K`` keys of a job that its policy has no setting for (the run goes without them)."""
-    base = _BASES[sig][0]
-    return [o.key_or_group for o in _parser().parse_overrides(list(overrides))
-            if _is_policy_key(o) and OmegaConf.select(base, o.key_or_group, default=_ABSENT) is _ABSENT]
 
 
 _ABSENT = object()
@@ -128,9 +120,8 @@ def task_config(cfg: DictConfig) -> DictConfig:
 
 
 def _run(job: Tuple[int, List[str], Tuple[str, ...]]) -> Tuple[int, str, str]:
-    from kvstudy.atomic import write_text_atomic
     from kvstudy.errors import KvStudyError
-    from kvstudy.sweep_callback import ERROR_FILE, run_recording_errors
+    from kvstudy.sweep_callback import ERROR_FILE, internal_error_text, record_error, run_recording_errors
 
     idx, overrides, sig = job
     folder = None
@@ -141,7 +132,7 @@ def _run(job: Tuple[int, List[str], Tuple[str, ...]]) -> Tuple[int, str, str]:
         return idx, str(folder), f"error: {exc}"
     except Exception as exc:  # not a user error: recorded with its traceback, the sweep goes on
         if folder is not None:
-            write_text_atomic(folder / ERROR_FILE, f"internal error: {exc!r}\n{traceback.format_exc()}")
+            record_error(folder, internal_error_text(exc))
         return idx, str(folder), f"error: internal error {exc!r} (traceback in {ERROR_FILE})"
     if summary.get("skipped"):
         return idx, str(folder), "complete already, skipped"
@@ -155,11 +146,12 @@ def _say_policy_keys(jobs) -> None:
     missing: Dict[str, set] = {}
     having: Dict[str, set] = {}
     for _, overrides, sig in jobs:
-        name = str(OmegaConf.select(_BASES[sig][0], "policy.name", default="?"))
-        lacking = set(policy_keys_without_effect(sig, overrides))
+        base = _BASES[sig][0]
+        name = str(OmegaConf.select(base, "policy.name", default="?"))
         for o in _parser().parse_overrides(list(overrides)):
             if _is_policy_key(o):
-                (missing if o.key_or_group in lacking else having).setdefault(o.key_or_group, set()).add(name)
+                lacks = OmegaConf.select(base, o.key_or_group, default=_ABSENT) is _ABSENT
+                (missing if lacks else having).setdefault(o.key_or_group, set()).add(name)
     for key, names in sorted(missing.items()):
         if not having.get(key):
             raise ConfigError(f"{key}: not a setting of any policy of this sweep ({', '.join(sorted(names))})")
@@ -207,8 +199,9 @@ class BatchLauncher(Launcher):
             if sig not in _BASES:
                 remember(self.hydra_context.config_loader.load_sweep_config(self.config, list(sig)), sig)
             jobs.append((initial_job_idx + k, overrides, sig))
-        _say_policy_keys(jobs)
-        jobs = _distinct(jobs)
+        if any(o.startswith("++policy.") for _, overrides, _ in jobs for o in overrides):  # cli_overrides.py
+            _say_policy_keys(jobs)
+            jobs = _distinct(jobs)
         by_index = {job[0]: job[1] for job in jobs}
         workers = (os.cpu_count() or 1) if self.n_jobs < 1 else self.n_jobs
         workers = max(1, min(workers, len(jobs)))

@@ -25,25 +25,31 @@ APPENDED = ("policy", "demand", "algo", "experiment")
 _SKIP_GROUPS = ("hydra", "experiment", "algo", "regime")
 
 
-def _walk(node, prefix: str, out: Dict[str, Set[type]]) -> None:
+def _walk(node, prefix: str, out: Set[str]) -> None:
+    """Every dotted key under ``node`` (a leaf or an interpolation ends one)."""
     if isinstance(node, dict):
         for key, value in node.items():
             if key in ("defaults", "hydra") and not prefix:
                 continue
             _walk(value, f"{prefix}.{key}" if prefix else str(key), out)
-    elif isinstance(node, str) and node.startswith("${"):  # an interpolation: a key that exists, of no fixed type
-        out.setdefault(prefix, set())
     else:
-        out.setdefault(prefix, set()).add(type(node))
+        out.add(prefix)
+
+
+@functools.lru_cache(maxsize=1)
+def _root_keys() -> frozenset:
+    """Keys conf/config.yaml itself sets (seed, engine.*, ...): present in every composed config."""
+    found: Set[str] = set()
+    _walk(OmegaConf.to_container(OmegaConf.load(CONF_DIR / "config.yaml"), resolve=False), "", found)
+    return frozenset(found)
 
 
 @functools.lru_cache(maxsize=8)
-def default_types(extra_dirs: tuple = ()) -> Dict[str, frozenset]:
-    """Dotted key -> the Python types of its defaults over the root config and every option of every group (of
-    kvstudy's ``conf/`` and of ``extra_dirs``, the user's ``hydra.searchpath`` folders: their own policies' keys)."""
-    found: Dict[str, Set[type]] = {}
-    root = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "config.yaml"), resolve=False)
-    _walk(root, "", found)
+def config_keys(extra_dirs: tuple = ()) -> frozenset:
+    """Every dotted key of the root config and of every option of every group (of kvstudy's ``conf/`` and of
+    ``extra_dirs``, the user's ``hydra.searchpath`` folders: their own policies' keys). Values are the schema's
+    (kvstudy/schema.py); this only says which keys exist."""
+    found = set(_root_keys())
     groups = sorted(p for p in CONF_DIR.iterdir() if p.is_dir() and p.name not in _SKIP_GROUPS)
     groups += [Path(d) / p.name for d in extra_dirs for p in groups if (Path(d) / p.name).is_dir()]
     for group in groups:
@@ -57,22 +63,13 @@ def default_types(extra_dirs: tuple = ()) -> Dict[str, frozenset]:
             node = OmegaConf.to_container(OmegaConf.load(option), resolve=False)
             if "@package _global_" in text and isinstance(node, dict):
                 _walk(node, "", found)
-    return {k: frozenset(v) for k, v in found.items()}
-
-
-@functools.lru_cache(maxsize=1)
-def _root_keys() -> frozenset:
-    """Keys conf/config.yaml itself sets (seed, engine.*, ...): present in every composed config."""
-    found: Dict[str, Set[type]] = {}
-    root = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "config.yaml"), resolve=False)
-    _walk(root, "", found)
     return frozenset(found)
 
 
 def known_key(key: str, extra_dirs: tuple = ()) -> bool:
     """True if some config (kvstudy's, or one in ``extra_dirs``) defines ``key`` or a key under it."""
-    types = default_types(tuple(extra_dirs))
-    return key in types or any(k.startswith(key + ".") for k in types)
+    keys = config_keys(tuple(extra_dirs))
+    return key in keys or any(k.startswith(key + ".") for k in keys)
 
 
 def _resolved(cfg: DictConfig) -> dict:
@@ -321,7 +318,7 @@ def check_overrides(argv: Iterable[str]) -> None:
             continue  # + adds a key on purpose; ~ deletes one (Hydra checks it exists)
         if not known_key(bare, dirs):
             head = bare.split(".")[0]
-            near = sorted(k[len(head) + 1:] for k in default_types(dirs) if k.startswith(head + ".") and "." not in
+            near = sorted(k[len(head) + 1:] for k in config_keys(dirs) if k.startswith(head + ".") and "." not in
                           k[len(head) + 1:])
             hint = f"; keys of {head}: {', '.join(near)}" if near else ""
             raise ConfigError(f"unknown key {bare}{hint} (to add a key on purpose write +{bare}=...)")

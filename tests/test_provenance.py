@@ -125,6 +125,19 @@ def test_a_helper_beside_the_users_policy_is_part_of_the_fingerprint(tmp_path, m
         assert not api.run(cfg, out).get("skipped")
 
 
+def test_a_policy_in_a_package_hashes_the_package(tmp_path, monkeypatch):
+    """A policy defined in a package's __init__.py: the package's files count, not the __init__ alone."""
+    pkg = tmp_path / "mypolicies"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("from kvstudy.policies.mcsf import MCSF as Mine\n")
+    (pkg / "lengths.py").write_text("BONUS = 0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    mod = provenance.user_module("mypolicies.Mine")
+    assert mod["files_hashed"] == 2 and mod["file"] == str(pkg / "__init__.py")
+    (pkg / "lengths.py").write_text("BONUS = 1\n")
+    assert provenance.user_module("mypolicies.Mine")["sha256"] != mod["sha256"]
+
+
 def test_prose_does_not_change_the_fingerprint_code_does(tmp_path):
     """Docstrings and comments are not code: editing them leaves finished runs current; a changed line does not."""
     path = tmp_path / "m.py"

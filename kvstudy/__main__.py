@@ -36,6 +36,9 @@ def _print_summary(summary: dict, folder: str) -> None:
             rows.append(("clearing events", summary["clearing_events"]))
     else:
         rows.append(("clearing events", summary["clearing_events"]))
+    if "prefix_hit_rate" in summary:  # memory.prefix_caching=true
+        rows.append(("prefix cache", f"hit rate {100 * summary['prefix_hit_rate']:.1f}% of prompt tokens, "
+                                     f"{summary['prefix_evictions']} blocks evicted"))
     rows.append(("wall time (s)", summary.get("wall_seconds")))
     if summary.get("message"):
         rows.append(("note", summary["message"]))

@@ -28,7 +28,7 @@ from kvstudy.arch import ModelArch
 from kvstudy.atomic import write_text_atomic
 from kvstudy.capacity import fit_note, resolve_capacity
 from kvstudy.states import EngineResult
-from kvstudy.errors import ConfigError
+from kvstudy.errors import ConfigError, KvStudyError
 from kvstudy.step_engine import StepEngine
 from kvstudy.latency.tables import HardwareSpec
 from kvstudy.outputs import finished_summary, summarize, write_run
@@ -188,6 +188,17 @@ def build_policy(cfg: DictConfig):
     return policy
 
 
+def _takes_rng(target: str) -> bool:
+    """Does the workload function ``target`` take the run's random generator (a parameter ``rng``)?"""
+    import inspect
+
+    try:
+        fn = _load_target(target, "workload")
+        return "rng" in inspect.signature(fn).parameters
+    except (KvStudyError, TypeError, ValueError):
+        return False  # the instantiation names the problem
+
+
 def build_requests(cfg: DictConfig, arch: ModelArch, seed_seq: np.random.SeedSequence) -> Tuple[Requests, np.ndarray]:
     lengths_ss, arrival_ss, predictor_ss = seed_seq.spawn(3)
     wl = _plain(cfg.workload)
@@ -198,11 +209,14 @@ def build_requests(cfg: DictConfig, arch: ModelArch, seed_seq: np.random.SeedSeq
         if isinstance(length_seed, bool) or not isinstance(length_seed, int) or length_seed < 0:
             raise ConfigError(f"workload.length_seed={length_seed!r}: a whole number >= 0, or null (= seed)")
         lengths_ss = np.random.SeedSequence(length_seed).spawn(3)[0]
-    if wl.get("_target_", "").rsplit(".", 1)[-1] in ("lmsys", "trace", "cacheopt_trace"):  # they draw with a generator
+    if _takes_rng(wl.get("_target_", "")):  # a workload that draws takes the run's generator (``rng``)
         df = _instantiate(wl, rng=np.random.default_rng(lengths_ss), max_model_len=arch.max_model_len)
     else:
         df = _instantiate(wl, max_model_len=arch.max_model_len)
     demand = _plain(cfg.demand) if "demand" in cfg and cfg.demand is not None else None
+    if demand is not None and "turn" in df:
+        raise ConfigError(f"workload '{name}' times its own arrivals (each session's turns follow the one before); "
+                          f"+demand={demand.get('name')} would replace them: leave +demand out")
     if demand is not None:
         rate = demand.get("rate")
         if rate is None and demand.get("kind", "poisson") == "poisson":
@@ -219,7 +233,8 @@ def build_requests(cfg: DictConfig, arch: ModelArch, seed_seq: np.random.SeedSeq
     requests = make_requests(times, df["prompt_tokens"].to_numpy(), df["output_tokens"].to_numpy(),
                              source=str(wl.get("path") or name),
                              predicted=df["predicted_output_tokens"].to_numpy() if "predicted_output_tokens" in df else None,
-                             request_id=df["request_id"].to_numpy() if "request_id" in df else None)
+                             request_id=df["request_id"].to_numpy() if "request_id" in df else None,
+                             segments=df["segments"].tolist() if "segments" in df else None)
     pred_cfg = _plain(cfg.predictor)
     kind = pred_cfg.pop("kind", "oracle")
     pred_cfg.pop("name", None)
@@ -308,6 +323,10 @@ def no_effect(cfg: DictConfig, policy) -> list:
                 "is admission-only (its overflow victims are recomputed)"
             notes.append(f"swap={swap} has no effect: policy '{name}' {why}; "
                          f"{'set policy.preemption_mode=swap' if mode else 'choose a policy that swaps'}")
+    order = OmegaConf.select(cfg, "policy.waiting_order", default="fcfs")
+    if order != "fcfs" and not OmegaConf.select(cfg, "memory.prefix_caching", default=False):
+        notes.append(f"policy.waiting_order={order} has no effect without a prefix cache: the queue is taken FCFS "
+                     f"(set memory.prefix_caching=true, or memory=paged_prefix)")
     pred = _plain(cfg.predictor)
     for kind, key in (("gaussian_noise", "sigma"), ("uniform_noise", "epsilon"), ("lognormal_noise", "sigma")):
         if pred.get("kind") == kind and pred.get(key) == 0:
@@ -377,11 +396,20 @@ def _result_config(plain: dict) -> dict:
     return plain
 
 
+#: keys added to conf/ after runs began recording their config, each with the value that means what a config
+#: without it meant (a finished run's folder from before the key is the same config when this one has that value)
+ADDED_KEYS = {"memory.prefix_caching": False, "policy.waiting_order": "fcfs", "workload.hash_block_size": 512,
+              "policy.prefix_aware": False}
+
+
 def _first_difference(a, b, prefix: str = ""):
-    """The first dotted key at which two plain configs differ, with both values (None: equal)."""
+    """The first dotted key at which two plain configs differ, with both values (None: equal). A key of
+    ``ADDED_KEYS`` absent from ``a`` (the earlier run) equals its value there."""
     if isinstance(a, dict) and isinstance(b, dict):
         for k in sorted(set(a) | set(b), key=str):
-            found = _first_difference(a.get(k, "<absent>"), b.get(k, "<absent>"), f"{prefix}.{k}" if prefix else str(k))
+            key = f"{prefix}.{k}" if prefix else str(k)
+            there = a.get(k, ADDED_KEYS.get(key, "<absent>"))
+            found = _first_difference(there, b.get(k, "<absent>"), key)
             if found:
                 return found
         return None

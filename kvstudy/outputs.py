@@ -52,8 +52,18 @@ def summarize(result: EngineResult) -> dict:
                      "output_mean": float(req["output_tokens"].mean()),
                      "output_median": float(req["output_tokens"].median())},
         **_preemption_summary(req, it),
+        **_prefix_summary(result.extra),
         **result.extra,
     }
+
+
+def _prefix_summary(extra: dict) -> dict:
+    """memory.prefix_caching=true: the run's hit rate (cached prompt tokens / prompt tokens, first prefills) and the
+    cached blocks evicted, as top-level keys (columns of ``analysis.load_sweep``)."""
+    cache = extra.get("prefix_cache")
+    if not cache:
+        return {}
+    return {"prefix_hit_rate": cache["hit_rate"], "prefix_evictions": cache["evictions"]}
 
 
 def _preemption_summary(req: pd.DataFrame, it: pd.DataFrame) -> dict:

@@ -72,9 +72,37 @@ def paged_result(engine, log, status, message, clearing: int) -> EngineResult:
         "recomputed_tokens": np.array(recomputed, dtype=np.int64),
         "swapped_bytes": np.array(swapped_bytes, dtype=np.int64), "reject_reason": reason,
     }).sort_values("request_id", kind="stable").reset_index(drop=True)
+    if engine.cache is not None:
+        _prefix_records(engine, requests, iterations)
     result = EngineResult(requests, iterations, status, message, clearing, mem.capacity_tokens)
     result.extra = {"memory": mem.describe(), "swap": engine.swap.describe()}
+    if engine.cache is not None:
+        result.extra["prefix_cache"] = prefix_summary(requests, iterations)
     return result
+
+
+def _prefix_records(engine, requests: pd.DataFrame, iterations: pd.DataFrame) -> None:
+    """Prefix caching's columns (memory.prefix_caching=true only): per request ``prefix_cached_tokens`` (prompt
+    tokens its first prefill took from the cache) and ``prefix_cached_later_tokens`` (tokens its later prefills,
+    recomputes after a preemption, took from it); per iteration ``cached_blocks`` (blocks holding a cached prefix, in
+    use or evictable, after the iteration's decisions) and ``evictions`` (cached blocks evicted in it)."""
+    order = np.argsort(engine.r.request_id, kind="stable")  # the requests table is sorted by request_id
+    requests["prefix_cached_tokens"] = np.asarray(engine.prefix_first, dtype=np.int64)[order]
+    requests["prefix_cached_later_tokens"] = np.asarray(engine.prefix_again, dtype=np.int64)[order]
+    rows = np.asarray(engine.cache_rows, dtype=np.int64).reshape(len(engine.cache_rows), 2)
+    iterations["cached_blocks"] = rows[:, 0]
+    iterations["evictions"] = np.diff(rows[:, 1], prepend=0)
+
+
+def prefix_summary(requests: pd.DataFrame, iterations: pd.DataFrame) -> dict:
+    """A run's prefix caching in numbers: ``hit_rate`` = prompt tokens served from the cache at their request's first
+    prefill / prompt tokens of the requests that started one (issue 36's per-run hit rate)."""
+    started = requests["first_scheduled_time"].notna()
+    prompt = int(requests.loc[started, "prompt_tokens"].sum())
+    cached = int(requests.loc[started, "prefix_cached_tokens"].sum())
+    return {"hit_rate": cached / prompt if prompt else 0.0, "cached_prompt_tokens": cached, "prompt_tokens": prompt,
+            "cached_later_tokens": int(requests["prefix_cached_later_tokens"].sum()),
+            "evictions": int(iterations["evictions"].sum()) if len(iterations) else 0}
 
 
 #: the paper convention's iteration columns: the first nine of ``ITERATION_COLUMNS``

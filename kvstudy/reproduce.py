@@ -160,6 +160,17 @@ def _cacheopt() -> Tuple[Step, ...]:
     return tuple(steps)
 
 
+def _prefix() -> Tuple[Step, ...]:
+    # issue 36's study (docs/prefix_caching.md); seconds measured 2026-11-26 with two workers
+    return (_sweep("prefix_mooncake", item="Mooncake's conversation trace: capacity x load x policy", seconds=1500),
+            _sweep("prefix_mooncake", "+policy=vllm", "memory.prefix_caching=false", item="the same without a cache",
+                   seconds=400),
+            _sweep("prefix_sessions", item="real multi-turn conversations: capacity x session rate x policy",
+                   seconds=300),
+            _sweep("prefix_sessions", "+policy=vllm", "memory.prefix_caching=false", item="the same without a cache",
+                   seconds=100))
+
+
 #: The papers' experiments: the one list (the README and scripts/cacheopt_study.sh point here).
 PAPERS: Dict[str, Paper] = {
     "mcsf": Paper("MC-SF (Jaillet et al.)", _mcsf(), ("01_mcsf_paper.ipynb", "02_hindsight_optimum.ipynb"),
@@ -174,6 +185,8 @@ PAPERS: Dict[str, Paper] = {
                       ("figures/cacheopt_fig1_time_split.png", "figures/cacheopt_fig12_13_opt_13b_a100_tp1.png",
                        "figures/cacheopt_fig14_15_opt_13b_a100_tp1.png", "figures/cacheopt_fig17_opt_13b_a100_tp1.png",
                        "preemption_cost/opt_13b_a100_tp1_pcie.png")),
+    "prefix": Paper("Prefix caching (issue 36; beyond the papers)", _prefix(), ("05_prefix_caching.ipynb",),
+                    ("figures/prefix_sessions.png",)),
 }
 
 

@@ -242,11 +242,11 @@ class Group:
 
 
 _VLLM = {"preemption_mode": PREEMPTION_MODE, "max_num_seqs": MAX_NUM_SEQS, "max_num_batched_tokens": BATCHED_TOKENS,
-         "running_order": choice("admission", "arrival")}
+         "running_order": choice("admission", "arrival"), "waiting_order": choice("fcfs", "lpm", "dfs_weight")}
 _QUEUED = {"preemption_mode": PREEMPTION_MODE, "max_num_seqs": MAX_NUM_SEQS, "max_num_batched_tokens": BATCHED_TOKENS,
            "steps_before_preemption": whole(ge=1, le=1 << 20), "quantum_unit": choice("steps", "tokens")}
 _PREFIX = {"margin": fraction(), "admission": ADMISSION,
-           "avg_batch_time": number(ge=1e-4, le=3600.0, unit="seconds")}
+           "avg_batch_time": number(ge=1e-4, le=3600.0, unit="seconds"), "prefix_aware": flag()}
 _CACHEOPT = {
     "token_budget": TOKENS, "max_num_seqs": MAX_NUM_SEQS,
     "padding": choice("confidence", "fixed", "rlp"), "confidence": fraction(), "adaptive": flag(),
@@ -304,7 +304,7 @@ SCHEMA: Dict[str, Group] = {
         "kvstudy.memory.PaperMemory": {},
         "kvstudy.memory.PagedMemory": {"block_size": whole(ge=1, le=1 << 16, power_of_two=True, unit="tokens"),
                                        "watermark": fraction(), "swap_space_gb": number(ge=0.0, le=1e9, unit="GiB"),
-                                       "decode_block_check": choice("vllm", "boundary")},
+                                       "decode_block_check": choice("vllm", "boundary"), "prefix_caching": flag()},
     }),
     "swap": Group({"name": NAME, "overlap": flag()}, by="_target_", options={
         "kvstudy.swap_models.PcieSwap": {"efficiency": number(gt=0.0, le=1.0),
@@ -346,11 +346,24 @@ SCHEMA: Dict[str, Group] = {
                                                       "rate": number(gt=0.0, le=1e9, null=True, unit="requests/s")},
         "kvstudy.workloads.arena.arena": {"num_requests": whole(ge=1, le=1000),
                                           "chars_per_token": number(gt=0.0, le=1e3)},
+        "kvstudy.workloads.sessions.sessions": {  # issue 36: multi-turn chat sessions (kvstudy/workloads/sessions.py)
+            "num_sessions": whole(ge=1, le=1 << 22), "mean_turns": number(ge=1.0, le=1e4),
+            "max_turns": whole(ge=1, le=1 << 16), "session_rate": number(gt=0.0, le=1e9, unit="sessions/s"),
+            "think_time": SECONDS, "answer_seconds_per_token": number(ge=0.0, le=1e3, unit="seconds per token"),
+            "system_prompt_tokens": whole(ge=0, le=1 << 24, unit="tokens"),
+            "num_system_prompts": whole(ge=1, le=1 << 20),
+            "source": choice("conversations", "composed"), "chars_per_token": number(gt=0.0, le=1e3),
+        },
+        "kvstudy.workloads.sessions.shared_prompt": {  # issue 36: requests behind shared prefixes
+            "num_requests": whole(ge=1, le=1 << 27), "num_prefixes": whole(ge=1, le=1 << 20),
+            "prefix_tokens": whole(ge=0, le=1 << 24, unit="tokens"), "zipf_s": number(ge=0.0, le=100.0),
+        },
         "kvstudy.workloads.trace.trace": {
             "num_requests": whole(ge=1, le=1 << 27, null=True), "sample": choice("with_replacement",
                                                                                "without_replacement", null=True),
             "rate_scale": number(gt=0.0, le=1e9), "drop_over_context": flag(),
             "over_context": choice("keep", "drop", "truncate"), "time_unit": choice("s", "ms"),
+            "hash_block_size": whole(ge=1, le=1 << 20, unit="tokens"),
             "columns.prompt_tokens": text("a column name", null=True),
             "columns.output_tokens": text("a column name", null=True),
             "columns.arrival_time": text("a column name", null=True),

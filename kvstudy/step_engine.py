@@ -137,6 +137,9 @@ class StepEngine:
             raise PolicyError(f"policy '{name}' ({type(policy).__name__}) is neither a step policy (preemptive = True "
                               f"and step(view): kvstudy/policies/step.py) nor an admission policy (order + admit: "
                               f"kvstudy/policies/base.py)")
+        if getattr(memory, "prefix_caching", False) and getattr(policy, "embedding", False):
+            raise ConfigError(f"policy '{name}' embeds requests in others' blocks (policy.embedding=true), which "
+                              f"memory.prefix_caching=true does not model; set policy.embedding=false")
         self.overflow_cost, self.arrivals = overflow_cost, arrivals
         #: an admission-only policy through the adapter: no vLLM watermark rule, its own queue orders
         self.adapted = isinstance(policy, Admission)
@@ -267,13 +270,14 @@ class StepEngine:
         if not mem.tracks_blocks:  # the paper's memory: admissions are not checked (an overflow is, next round)
             return
         # Blocks after the decision, counted before any change (the engine's own arithmetic).
+        cache = self.cache
         freed = sum(mem.held(i) for i in preempted)
         need = 0
         for i in d.swap_in:
             need += mem.swap_in_blocks(i, self.s_list[i] + self.generated[i])
-        for i, _ in d.prefill:
-            if state[i] == WAITING and i not in guests:
-                need += mem.blocks(self.s_list[i] + self.generated[i])
+        starts = [i for i, _ in d.prefill if state[i] == WAITING and i not in guests]
+        for i in starts:
+            need += mem.blocks(self.s_list[i] + self.generated[i])
         if d.decode_all:
             need += len(self.growing) - sum(1 for i in preempted if i in self.growing)
         for i in d.decode:
@@ -284,6 +288,15 @@ class StepEngine:
                 continue
             base = mem.held(i) if state[i] == RUNNING else 0
             need += max(0, mem.blocks(tokens) - max(base, mem.blocks(self.s_list[i] + self.generated[i])))
+        if cache is not None and (preempted or (starts and mem.used - freed + need > mem.num_blocks)):
+            # prefix caching: count shared blocks once (without victims the plain count above is an upper bound; a
+            # victim's held blocks may be shared, so with victims always): a victim frees what no one else uses; a
+            # start takes what it does not share (one sharing a block another start of this decision caches is
+            # counted in full)
+            gain, dropped = cache.release_gain(preempted)
+            need -= sum(mem.blocks(self.s_list[i] + self.generated[i])
+                        - mem.start_blocks(i, self.s_list[i] + self.generated[i], dropped) for i in starts)
+            freed = gain
         if mem.used - freed + need > mem.num_blocks:
             if self.adapted:  # a user's order + admit policy never wrote a "decision"
                 raise PolicyError(f"policy '{name}' admits requests whose prefills need {mem.used - freed + need} KV "
@@ -366,6 +379,8 @@ class StepEngine:
         row = (t, dt, n_dec, 0, 0, ctx + n_dec, mem.capacity_tokens, True, len(victims))
         log.append(row if self.paper else row + (used, 0, mem.num_blocks - used, mem.host_used, 0.0, 0, len(victims), 0,
                                                  0))
+        if self.cache is not None:
+            self.cache_rows.append((self.cache.cached_blocks, self.cache.evictions))
         return dt
 
     # --- per-request events (few per iteration) -------------------------------------------------------------
@@ -387,7 +402,7 @@ class StepEngine:
         # swap only if the request can come back: host room, and can_swap_in (its blocks + 1 above the watermark)
         # not NEVER-like on an empty cache; else it is recomputed (vLLM would keep it swapped out forever)
         if mode == SWAP and mem.host_has_room(held) and mem.num_blocks - (held + 1) >= mem.watermark_blocks:
-            blocks = self._free(i, swap=True)
+            blocks = self._free(i, swap=True, computed=s[i] + g - 1)
             self.moved_out += blocks
             self.swapped_bytes[i] += blocks * self.block_bytes_all
             self.state[i] = SWAPPED
@@ -405,7 +420,7 @@ class StepEngine:
             self.prefilling.discard(i)
         if ev is not None:
             ev.add(t, i, kind, "recompute_fallback" if mode == SWAP else RECOMPUTE, dropped)
-        self._free(i)
+        self._free(i, computed=dropped)
         if self.paper:  # the paper's eviction: KV and progress lost, the request restarts from its prompt
             g = self.clock.gen[i] = 0
         self.prefilled[i] = 0
@@ -423,11 +438,14 @@ class StepEngine:
                 ev.add(t, i, "reject")
         return RECOMPUTE
 
-    def _free(self, i: int, swap: bool = False) -> int:
+    def _free(self, i: int, swap: bool = False, computed: int = 0) -> int:
         """Release request i's GPU blocks (to host space with ``swap``); a loan it held goes back to its host, whose
-        next block boundary then moves. Returns the blocks it held."""
+        next block boundary then moves. ``computed``: its context tokens whose KV is computed (prefix caching keeps
+        their full blocks). Returns the blocks it held."""
         mem = self.memory
         host = mem.loans[i][0] if mem.loans and i in mem.loans else None
+        if self.cache is not None:
+            return mem.swap_out(i, computed) if swap else mem.release(i, computed)
         blocks = mem.swap_out(i) if swap else mem.release(i)
         if host is not None:
             self.clock.reschedule_growth(host)
@@ -461,7 +479,14 @@ class StepEngine:
         self.prefilling.add(i)
         self.target[i] = target = self.s_list[i] + self.clock.gen[i]
         self.prefilled[i] = 0
-        if mem.tracks_blocks:
+        if self.cache is not None:  # prefix caching: the prefill starts past its cached prefix
+            hit = self.prefilled[i] = mem.start(i, target)
+            self.prefill_kv += hit
+            if self.first_sched[i] != self.first_sched[i]:
+                self.prefix_first[i] = hit
+            else:
+                self.prefix_again[i] += hit
+        elif mem.tracks_blocks:
             mem.hold(i, mem.blocks(target))
         if self.first_sched[i] != self.first_sched[i]:
             self.first_sched[i] = t
@@ -494,7 +519,7 @@ class StepEngine:
             state[i] = DONE
             running.remove(i)
             if tracks:  # the paper's memory holds nothing per request
-                self._free(i)
+                self._free(i, computed=self.s_list[i] + self.o_list[i] - 1)
             self.reserved_ids.discard(i)
 
     def _reserved_blocks(self) -> int:
@@ -522,6 +547,13 @@ class StepEngine:
             self.block_bytes_all = mem.block_size * self.arch.kv_bytes_per_token(1)
         elif mem.tracks_blocks:
             raise KvStudyError(f"memory={mem.name} needs the model and hardware (host space, copy sizes)")
+        #: prefix caching's bookkeeping (kvstudy/memory/prefix.py), None when off: every branch on it is skipped
+        self.cache = getattr(mem, "cache", None) if mem.tracks_blocks else None
+        self.prefix_first, self.prefix_again = [0] * n, [0] * n  # tokens served from the cache: first / later prefills
+        self.cache_rows = None
+        if self.cache is not None:
+            mem.set_segments(r.segments)
+            self.cache_rows = []  # per iteration: cached blocks, evictions so far
         self.state = state = np.full(n, FUTURE, dtype=np.int8)
         self.first_sched, self.first_token, self.completion = [math.nan] * n, [math.nan] * n, [math.nan] * n
         self.last_token, self.max_gap = [math.nan] * n, [0.0] * n
@@ -566,6 +598,7 @@ class StepEngine:
         bs, num_blocks, capacity, paper, tracks = (mem.block_size, mem.num_blocks, mem.capacity_tokens, self.paper,
                                                    mem.tracks_blocks)
         view = StepView(self, 0, 0.0)  # its containers are the engine's own: one view serves every step
+        cache, cache_rows = self.cache, self.cache_rows
         ev = self.events
         first_token, last_token = self.first_token, self.last_token
         log = []
@@ -689,6 +722,8 @@ class StepEngine:
                     else:
                         log.append((t, dt, n_dec, 0, n_dec, ctx_now + n_dec, capacity, False, 0, mem.used, 0,
                                     num_blocks - mem.used, mem.host_used, 0.0, 0, 0, 0, 0))
+                        if cache is not None:
+                            cache_rows.append((len(cache.ref) + len(cache.evictor), cache.evictions))
                     self.decode_ctx = ctx_now + n_dec - left_ctx
                     self.decode_prompts -= left_prompts
                     if finished:
@@ -718,7 +753,16 @@ class StepEngine:
                     clock.reschedule_growth(h)
                     self.reserved_ids.add(g)
                 chunks, partial = [], 0
-                for i, chunk in d.prefill:
+                prefills = d.prefill
+                if cache is not None:  # a prefill skips its cached prefix: a chunk runs past it, capped at the rest
+                    prefills = []
+                    for i, chunk in d.prefill:
+                        if state[i] == WAITING:
+                            self._start_prefill(i, t)
+                        chunk = min(chunk, target[i] - prefilled[i])
+                        mem.advance(i, prefilled[i] + chunk)  # its blocks filled in this step are cached now
+                        prefills.append((i, chunk))
+                for i, chunk in prefills:
                     if state[i] == WAITING:
                         self._start_prefill(i, t)
                     chunks.append((chunk, prefilled[i]))
@@ -782,7 +826,7 @@ class StepEngine:
                         break
                     continue
                 if ev is not None:
-                    ev.prefilled(d.prefill)
+                    ev.prefilled(prefills)
                     ev.decoded([i for i in running if i not in prefilling] if d.decode_all else d.decode)
                 if d.decode_all:  # the decodes' produced tokens (the MC-SF authors' formula counts them)
                     gen_sum = ctx_now + n_dec - self.decode_prompts
@@ -810,7 +854,7 @@ class StepEngine:
                     left_ctx += s[i] + o[i] - 1
                     left_prompts += s[i]
                 done_at_prefill, produced, prefill_tokens = 0, n_dec, 0
-                for i, chunk in d.prefill:
+                for i, chunk in prefills:
                     p = prefilled[i] + chunk
                     prefilled[i] = p
                     prefill_tokens += chunk
@@ -839,7 +883,7 @@ class StepEngine:
                         if i not in prefilling and state[i] == RUNNING and clock.gen[i] < o[i]:
                             clock.start(i, clock.gen[i])
                 else:
-                    for i, _ in d.prefill:
+                    for i, _ in prefills:
                         if i not in prefilling and clock.gen[i] < o[i]:
                             clock.start(i, clock.gen[i])
                 # KV held during this iteration (before completions free it), and blocks held beyond it
@@ -851,6 +895,8 @@ class StepEngine:
                                 self.decode_ctx + self.prefill_kv + done_at_prefill, capacity, False, len(d.preempt),
                                 mem.used, reserved, num_blocks - mem.used, mem.host_used, swap_s, partial, n_rec,
                                 len(d.preempt) - n_rec, len(d.swap_in)))
+                    if cache is not None:
+                        cache_rows.append((len(cache.ref) + len(cache.evictor), cache.evictions))
                 self.decode_ctx -= left_ctx
                 self.decode_prompts -= left_prompts
                 if finished:

@@ -19,6 +19,10 @@ SMALL = {  # experiment -> overrides that shrink it (same code path, fewer and s
     "cacheopt_main": ["workload=sharegpt", "demand.scale=0.2,0.3", "seed=0,1", "workload.num_requests=60"],
     "cacheopt_ablation": ["workload=sharegpt", "demand.scale=0.3", "seed=0", "workload.num_requests=60"],
     "cacheopt_sensitivity": ["policy.confidence=0.8,0.9", "seed=0", "workload.num_requests=60"],
+    "prefix_mooncake": ["+policy=vllm,lpm,mcsf_prefix", "workload.num_requests=150", "memory.capacity_tokens=131072",
+                        "workload.rate_scale=0.05"],
+    "prefix_sessions": ["+policy=vllm,mcsf_prefix", "workload.source=composed", "workload.num_sessions=30",
+                        "memory.capacity_tokens=131072", "workload.session_rate=0.5"],
 }
 #: where an experiment's sweep goes under the results root, as its config puts it under outputs/
 FOLDER = {**{name: f"{name}/a100_tp2" for name in ("table1", "table1_fixed_set", "fig3", "fig5", "fig5_reference",
@@ -26,7 +30,8 @@ FOLDER = {**{name: f"{name}/a100_tp2" for name in ("table1", "table1_fixed_set",
           "table1_batch_cap": "table1_batch_cap/authors",
           **{f"rr_sjf_{part}": f"rr_sjf/llama32_1b_l4_tp1/{part}" for part in ("policies", "quantum", "noise", "rate")},
           **{f"cacheopt_{part}": f"cacheopt/opt_13b_a100_tp1/{part}" for part in ("motivation", "main", "ablation",
-                                                                                    "sensitivity")}}
+                                                                                    "sensitivity")},
+          "prefix_mooncake": "prefix/mooncake_llama31_8b_a100_tp1", "prefix_sessions": "prefix/sessions_llama31_8b_a100_tp1"}
 #: the MC-SF experiments notebook 01 also shows in the paper's likely regime (hardware=a100_vidur_default)
 PAPER_REGIME = ("table1", "fig3")
 #: the MC-SF experiments notebook 01 also shows in the authors' regime (regime=authors)

@@ -20,12 +20,13 @@ def prepare(policy, req, ttft=5.0, tbt=1.5, ranges=None, cost=None):
 
 
 def step_engine(req, policy, capacity=16, block_size=4, watermark=0.0, swap_space_gb=4.0, latency=ONE_SECOND,
-                swap=None, stall_limit=100, seed=0, direction=None, decode_block_check="boundary", predicted=None):
+                swap=None, stall_limit=100, seed=0, direction=None, decode_block_check="boundary", predicted=None,
+                prefix_caching=False):
     """A step engine over ``req``; the policy sees ``predicted`` output lengths (default: the true ones)."""
     prepare(policy, req)
     policy.reset(seed)
     memory = PagedMemory(capacity, block_size=block_size, watermark=watermark, swap_space_gb=swap_space_gb,
-                         decode_block_check=decode_block_check)
+                         decode_block_check=decode_block_check, prefix_caching=prefix_caching)
     return StepEngine(req, req.output_tokens if predicted is None else predicted, policy, latency, memory, swap or PcieSwap(), ARCH, HW,
                       stall_limit=stall_limit, direction=direction)
 

@@ -23,7 +23,10 @@ def build(name):
 
 def memories(name):
     """The memory models a policy runs on: preemptive ones on paged memory only; admission-only ones on both (the
-    engine adapts them to paged memory, kvstudy/policies/admission.py)."""
+    engine adapts them to paged memory, kvstudy/policies/admission.py); a policy that chooses prefix caching
+    (memory=paged_prefix: the cache-aware ones) on that."""
+    if api.compose([f"+policy={name}"]).memory.get("prefix_caching"):
+        return ["paged_prefix"]
     return ["paged"] if getattr(build(name), "preemptive", False) else ["paper", "paged"]
 
 
@@ -37,9 +40,9 @@ def instance(seed):
 
 
 def run(policy, req, seed=0, memory="paged"):
-    if memory == "paged":  # the same 80 tokens in blocks of 4
+    if memory.startswith("paged"):  # the same 80 tokens in blocks of 4
         return step_engine(req, policy, capacity=80, block_size=4, latency=UnitLatency(), stall_limit=200,
-                           seed=seed).run()
+                           seed=seed, prefix_caching=memory == "paged_prefix").run()
     policy.reset(seed)
     return Engine(req, req.output_tokens, policy, UnitLatency(), 80, stall_limit=200).run()
 
@@ -56,7 +59,7 @@ def test_builds_and_finishes(name, memory):
             assert res.status == "completed" and (res.requests["state"] == "done").all()
         ok = ~res.iterations["overflow"]
         assert (res.iterations.loc[ok, "kv_tokens_in_use"] <= 80).all()
-        if memory == "paged":
+        if memory.startswith("paged"):
             assert (res.iterations["blocks_used"] <= 20).all()
 
 

@@ -5,8 +5,13 @@ import random
 
 import pytest
 
-from kvstudy.memory.prefix import BlockKeys, PrefixCache, reusable_tokens
+from kvstudy.memory.prefix import BlockKeys, PrefixCache, mooncake_segments, reusable_tokens
 from kvstudy.paths import SHARED_REFERENCE
+
+
+def trace_keys(make, hash_ids, prompt):
+    """Keys of a prompt's full 16-token blocks from Mooncake-style 512-token hash ids."""
+    return make(mooncake_segments(hash_ids, prompt), prompt)
 
 
 def test_two_requests_sharing_three_blocks():
@@ -36,18 +41,18 @@ def test_a_shared_block_is_evicted_only_unused_and_least_recent():
 
 
 def test_a_fully_cached_prompt_still_computes_its_last_token():
-    keys = BlockKeys(512, 16)([7, 8], 64)  # a 64-token prompt: 4 full blocks
+    keys = trace_keys(BlockKeys(16), [7], 64)  # a 64-token prompt: 4 full blocks
     c = PrefixCache(20)
     c.acquire(0, keys, 5)
     c.release(0)
     # the same prompt again: 4 blocks cached, at most (64 - 1) // 16 = 3 reused; the 4th is computed again beside
     # its cached copy (the request's own block)
     assert c.acquire(1, keys, 5, most=(64 - 1) // 16) == 3
-    assert c.keys[1] == keys[:3] and c.private[1] == 2 and c.used == 5
+    assert c.keys[1] == keys[:3] and c.done[1] == 4 and c.private[1] == 2 and c.used == 5
 
 
 def test_recompute_after_preemption_reuses_its_own_blocks():
-    keys = BlockKeys(512, 16)([1, 2], 700)
+    keys = trace_keys(BlockKeys(16), [1, 2], 700)
     c = PrefixCache(100)
     c.acquire(0, keys, 50, most=(700 - 1) // 16)
     c.release(0)  # preempted by recompute: its prompt blocks stay cached
@@ -72,21 +77,31 @@ def test_capacity_is_never_exceeded_with_shared_blocks_counted_once():
             if blocks and c.new_blocks(keys, blocks, most) <= c.free:
                 c.acquire(step, keys, blocks, most)
                 running.add(step)
-        distinct = {k for ks in c.keys.values() for k in ks}
+        distinct = {k for ks in c.keys.values() for k in ks if k is not None}
         assert c.used == len(distinct) + sum(c.private.values()) <= c.num_blocks
         assert not distinct & set(c.evictor) and len(c.evictor) <= c.free
 
 
 def test_block_keys_chain_the_trace_blocks():
-    make = BlockKeys(512, 16)
-    keys = make([7, 8], 1024)
-    assert len(keys) == 64 and keys[0] == (0, 0) and keys[31] == (0, 31) and keys[32] == (1, 0)
-    other = make([7, 9], 600)  # trace block 9 is partial (88 tokens): chained with its length
-    assert other[:32] == keys[:32] and other[32] == (2, 0) and len(other) == 600 // 16
-    assert make([7, 9], 1100)[32] == (3, 0)  # the full block 9 is another chain than the partial one
-    assert make([7], 15) == []
-    with pytest.raises(ValueError, match="not a multiple"):
-        BlockKeys(500, 16)
+    make = BlockKeys(16)
+    keys = trace_keys(make, [7, 8], 1024)
+    chain = lambda key: key >> 32  # noqa: E731
+    assert len(keys) == 64 and keys[0] == 16 and keys[31] == 512 and chain(keys[32]) == 1 and keys[32] & 0xFFFF == 16
+    other = trace_keys(make, [7, 9], 600)  # trace block 9 is partial (88 tokens): a segment of its own length
+    assert other[:32] == keys[:32] and chain(other[32]) == 2 and len(other) == 600 // 16
+    assert chain(trace_keys(make, [7, 9], 1100)[32]) == 3  # the full block 9 is another chain than the partial one
+    assert trace_keys(make, [7], 15) == []
+    assert mooncake_segments([7, 9], 600) == [(7, 512), (9, 88)]
+
+
+def test_block_keys_of_segments_across_boundaries():
+    """A block spanning two segments is keyed by both: requests share it only if both agree up to its end."""
+    make = BlockKeys(16)
+    a = make([(1, 10), (2, 30)], 40)  # blocks end at 16 (in segment 2) and 32 (in segment 2); 40 % 16: no third
+    b = make([(1, 10), (3, 30)], 40)
+    c = make([(1, 10), (2, 30), (4, 50)], 90)
+    assert len(a) == 2 and a[0] != b[0] and a[1] != b[1] and c[:2] == a and len(c) == 5
+    assert make([(1, 20)], 100) == make([(1, 20)], 16)  # past the segments: no keys (the request's own blocks)
 
 
 def test_independent_count_by_hand():
@@ -104,10 +119,10 @@ def test_cache_hits_equal_the_independent_count_on_mooncake(name, rows):
     trace blocks seen in earlier prompts, times 512, in whole engine blocks, at most prompt - 1 tokens."""
     with open(MOONCAKE / name) as f:
         trace = [json.loads(line) for _, line in zip(range(rows), f)]
-    cache, make, hits = PrefixCache(10 ** 9), BlockKeys(512, 16), []
+    cache, make, hits = PrefixCache(10 ** 9), BlockKeys(16), []
     for i, r in enumerate(trace):
         prompt = r["input_length"]
-        hit = cache.acquire(i, make(r["hash_ids"], prompt), -(-(prompt + r["output_length"]) // 16),
+        hit = cache.acquire(i, trace_keys(make, r["hash_ids"], prompt), -(-(prompt + r["output_length"]) // 16),
                             most=(prompt - 1) // 16)
         hits.append(hit * 16)
         cache.release(i)
@@ -135,3 +150,27 @@ def test_mooncake_traces_load_as_traces():
         row = rows[int(rid)]
         assert (prompt, output) == (row["input_length"], row["output_length"])
         assert arrival == pytest.approx(row["timestamp"] / 1000)
+
+
+def test_block_keys_equal_a_block_by_block_count():
+    """BlockKeys' arithmetic runs against the definition, block by block: a block's key names the chain of segments
+    up to the one its last token lies in, and its end's offset there."""
+    rng = random.Random(1)
+    for _ in range(300):
+        bs = rng.choice([1, 4, 16, 32])
+        segments = [(rng.randrange(5), rng.randrange(1, 70)) for _ in range(rng.randrange(0, 6))]
+        tokens = rng.randrange(0, 400)
+        make = BlockKeys(bs)
+        chains, out, start, chain = {}, [], 0, -1
+        ends = []  # (end of segment, chain id through it, start of segment)
+        for key, length in segments:
+            chain = chains.setdefault((chain, key, length), len(chains))
+            ends.append((start + length, chain, start))
+            start += length
+        for k in range(tokens // bs):
+            last = (k + 1) * bs - 1
+            hit = next(((c, s0) for end, c, s0 in ends if s0 <= last < end), None)
+            if hit is None:
+                break
+            out.append(hit[0] << 32 | (last + 1 - hit[1]))
+        assert make(segments, tokens) == out, (bs, segments, tokens)

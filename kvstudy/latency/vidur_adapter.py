@@ -15,6 +15,10 @@ Other fixes over the stock class, each for a fact about 0.0.26 (see docs/latency
   CSV bytes, the architecture, the hardware and every predictor setting (``tables.cache_key``).
 * ``prediction_max_tokens_per_request`` is set from the run (stock 2M builds several GB of tables).
 * The linear-regression class lacks ``_get_kv_parallel_communication_time``; it is supplied.
+* The attention grids are predicted into dense arrays (``GridPredictions``, the same estimators on the same
+  rows: the same values) instead of a dict of one tuple per point, and Vidur's xz-compressed CSV copies of
+  every prediction (written into a build folder that is dropped) are not written: a 131,072-token model's
+  prefill grid has 8.4 M points (5.5 GB and 8 minutes stock, 1 GB and 20 s so).
 * Vidur's INFO logging to stdout is silenced (set KVSTUDY_VIDUR_LOG=1 to see it).
 * Models are registered from kvstudy's YAMLs as ``BaseModelConfig`` subclasses named
   ``kvstudy/<name>-<fingerprint>`` (OPT is not in Vidur). Vidur's ActivationType has no ReLU; OPT is
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import field, make_dataclass
 from typing import Dict, Tuple
 
@@ -88,6 +93,42 @@ def register_model(arch: ModelArch) -> str:
     return name
 
 
+class GridPredictions(Mapping):
+    """One operator's predictions on a regular 2-D grid, ``values[i, j]`` at ``(axes[0][i], axes[1][j])``; a read-only
+    mapping from those key pairs, as Vidur's lookups (``get_execution_time``) index its prediction dicts."""
+
+    def __init__(self, axes: Tuple[np.ndarray, np.ndarray], values: np.ndarray) -> None:
+        self.axes, self.values = axes, values
+
+    @classmethod
+    def predict(cls, model, columns: Tuple[str, str], first: np.ndarray, second: np.ndarray) -> "GridPredictions":
+        """The model's predictions on every (first, second) pair, the first axis outermost (itertools.product's order,
+        Vidur's row order), in one call on an int64 frame with the training columns, as Vidur predicts them."""
+        import pandas as pd
+
+        X = pd.DataFrame({columns[0]: np.repeat(first.astype(np.int64), len(second)),
+                          columns[1]: np.tile(second.astype(np.int64), len(first))})
+        values = np.asarray(model.predict(X), dtype=float).reshape(len(first), len(second))
+        return cls((first, second), values)
+
+    def _index(self, axis: np.ndarray, value) -> int:
+        step = axis[1] - axis[0] if len(axis) > 1 else 1
+        i = (value - axis[0]) // step
+        if not (0 <= i < len(axis)) or axis[int(i)] != value:
+            raise KeyError(value)
+        return int(i)
+
+    def __getitem__(self, key):
+        a, b = key
+        return self.values[self._index(self.axes[0], a), self._index(self.axes[1], b)]
+
+    def __iter__(self):
+        return ((a, b) for a in self.axes[0] for b in self.axes[1])
+
+    def __len__(self) -> int:
+        return self.values.size
+
+
 class _OfflineMixin:
     """Local input files, local 'hub' predictions, seeded estimators, CV error recorded per model."""
 
@@ -112,6 +153,24 @@ class _OfflineMixin:
 
     def _get_kv_parallel_communication_time(self, batch):  # missing in the linear-regression class
         return 0.0
+
+    def _store_model_prediction_cache(self, model_name, model_hash, predictions) -> None:
+        """Vidur writes every prediction dict as an xz-compressed CSV into its cache folder, which kvstudy makes per
+        build and drops (only tables.npz is kept): nothing would read them, so they are not written."""
+
+    def _predict_for_attention_layer_models(self, models):
+        """Vidur's two attention grids, predicted by the same estimators on the same rows in the same order and
+        dtypes as Vidur's own method (so the same values), but kept as dense arrays (``GridPredictions``) instead
+        of Vidur's dict of one tuple per point: a long-context model's prefill grid (kv 0..max_tokens step g x
+        chunk 32..max_prefill_chunk step 32) holds 8.4 M points at 131,072 tokens, which Vidur's dict (plus the
+        product lists and the xz cache it builds on the way) takes more than 12 GB to hold."""
+        cfg = self._config
+        kv = np.arange(0, cfg.prediction_max_tokens_per_request + 1, cfg.kv_cache_prediction_granularity)
+        batch = np.arange(1, cfg.prediction_max_batch_size + 1)
+        chunk = np.arange(32, cfg.prediction_max_prefill_chunk_size + 1, 32)
+        return {"attn_prefill": GridPredictions.predict(models["attn_prefill"], ("kv_cache_size", "prefill_chunk_size"),
+                                                        kv, chunk),
+                "attn_decode": GridPredictions.predict(models["attn_decode"], ("batch_size", "kv_cache_size"), batch, kv)}
 
 
 class OfflineRandomForestPredictor(_OfflineMixin, RandomForrestExecutionTimePredictor):
@@ -197,12 +256,15 @@ def tables_from_predictor(predictor, arch: ModelArch, hw: HardwareSpec, settings
     g = settings.kv_granularity
     n_kv = size // g + 1
     decode = np.full((settings.max_batch_size + 1, n_kv), np.nan)
-    for (b, kv), v in p["attn_decode"].items():
-        decode[int(b), int(kv) // g] = v
     n_chunk = settings.max_prefill_chunk // 32
     prefill = np.full((n_kv, n_chunk + 1), np.nan)
-    for (kv, c), v in p["attn_prefill"].items():
-        prefill[int(kv) // g, int(c) // 32] = v
+    for table, pred, (rows, cols) in ((decode, p["attn_decode"], (1, g)), (prefill, p["attn_prefill"], (g, 32))):
+        if isinstance(pred, GridPredictions):  # the grid the mixin predicts: one array assignment
+            first, second = pred.axes
+            table[np.ix_(first // rows, second // cols)] = pred.values
+        else:  # a dict of Vidur's (batch, kv) or (kv, chunk) keys
+            for (a, b), v in pred.items():
+                table[int(a) // rows, int(b) // cols] = v
     return VidurTables(
         per_token_ms=per_token, decode_ms=decode, prefill_ms=prefill, send_recv_ms=send_recv,
         layers_per_stage=arch.num_layers // hw.pipeline_parallel, stages=hw.pipeline_parallel,

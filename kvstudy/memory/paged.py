@@ -18,6 +18,17 @@
   to a *guest*; the blocks change hands, ``used`` does not change. They go back to the host when the guest
   finishes or is preempted (if the host still holds KV), and become the guest's own if the host leaves first.
 
+* Prefix caching (``prefix_caching=true``, issue 36): vLLM's automatic prefix caching on these blocks
+  (kvstudy/memory/prefix.py holds the bookkeeping and its vLLM semantics). ``gpu[i]`` stays the blocks request i
+  sees (shared ones included: its context's blocks, as without caching), ``used`` counts distinct blocks (a block
+  shared by k requests once), and cached blocks nobody uses count as free until evicted. A prefill starts past its
+  longest cached prefix of whole blocks (``start``; at most prompt - 1 tokens), its full blocks are cached as they
+  are scheduled (``advance``) and when it leaves (``release``/``swap_out``: the blocks its decode filled too, if the
+  workload's segments name them). A swapped-out request's blocks come back as its own (its GPU copies were released
+  to the cache). ``freed_by(i)`` is what preempting i alone frees (not the blocks it shares); ``can_allocate`` still
+  counts all of a prompt's blocks, as vLLM V0's block manager does with prefix caching (a conservative admission;
+  vLLM v1 counts only blocks not in use). Loans (CacheOPT's embedding) are not modelled with caching.
+
 The engine owns one ``PagedMemory`` per run: it is the only code that changes these counters, after
 validating a policy's decision against them.
 """
@@ -25,6 +36,7 @@ from __future__ import annotations
 
 
 from kvstudy.errors import ConfigError
+from kvstudy.memory.prefix import BlockKeys, PrefixCache
 
 OK, LATER, NEVER = "ok", "later", "never"
 
@@ -38,7 +50,8 @@ class PagedMemory:
     tracks_blocks = True
 
     def __init__(self, capacity_tokens: int, block_size: int = 16, watermark: float = 0.01,
-                 swap_space_gb: float = 4.0, decode_block_check: str = "vllm", name: str = "paged") -> None:
+                 swap_space_gb: float = 4.0, decode_block_check: str = "vllm", name: str = "paged",
+                 prefix_caching: bool = False) -> None:
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0 \
                 or block_size & (block_size - 1):
             raise ConfigError(f"memory.block_size={block_size!r}: must be a positive power of two (vLLM: 8, 16, 32)")
@@ -52,6 +65,12 @@ class PagedMemory:
         if decode_block_check not in ("boundary", "vllm"):
             raise ConfigError(f"memory.decode_block_check={decode_block_check!r}: allowed boundary (a free block only "
                               f"when a decode crosses a block boundary), vllm (a free block at every decode's turn)")
+        if not isinstance(prefix_caching, bool):
+            raise ConfigError(f"memory.prefix_caching={prefix_caching!r}: allowed true, false")
+        #: vLLM's automatic prefix caching (module docstring); ``cache`` is its bookkeeping during a run (None: off)
+        self.prefix_caching = prefix_caching
+        self.cache = None
+        self.segments = None
         #: when a running request may decode (vLLM's and Vidur's policies read it): ``boundary``, only a request
         #: crossing a block boundary needs a free block; ``vllm``, every decode needs one free block at its turn, as
         #: vLLM 0.6's ``can_append_slots`` and Vidur's ``_can_allocate_request`` ask (it takes it only at a boundary)
@@ -78,6 +97,14 @@ class PagedMemory:
             if self.block_bytes_per_gpu else 0
         self.gpu, self.host, self.loans = {}, {}, {}
         self.used = self.host_used = 0
+        self.cache = PrefixCache(self.num_blocks) if self.prefix_caching else None
+        self._keys, self._memo = BlockKeys(self.block_size), {}
+
+    def set_segments(self, segments) -> None:
+        """The run's requests' shared content (``Requests.segments``: per request index its (key, length) pairs, or
+        None: no request shares anything)."""
+        self.segments = segments
+        self._memo = {}
 
     # --- queries (used by policies to plan, by the engine to check) -------------------------------
     def blocks(self, tokens: int) -> int:
@@ -143,12 +170,19 @@ class PagedMemory:
         add = blocks - have
         if add > 0:
             self.gpu[i] = blocks
-            self.used += add
+            if self.cache is not None:
+                self.cache.grow(i, add)
+                self.used = self.cache.used
+            else:
+                self.used += add
             return add
         return 0
 
     def lend(self, host: int, guest: int, blocks: int) -> None:
         """Move ``blocks`` of the host's held blocks to the guest (CacheOPT's embedding)."""
+        if self.cache is not None:
+            raise ConfigError("memory.prefix_caching=true does not model CacheOPT's embedding (lending held blocks); "
+                              "turn one of them off")
         self.gpu[host] -= blocks
         self.gpu[guest] = self.gpu.get(guest, 0) + blocks
         self.loans[guest] = (host, blocks)
@@ -164,17 +198,24 @@ class PagedMemory:
         for guest in [g for g, (h, _) in self.loans.items() if h == i]:
             del self.loans[guest]
 
-    def release(self, i: int) -> int:
-        """Free request i's blocks (a loan's go back to its host); returns the blocks it held, loan included."""
+    def release(self, i: int, computed: int = 0) -> int:
+        """Free request i's blocks (a loan's go back to its host); returns the blocks it held, loan included.
+        ``computed``: tokens of its context whose KV was computed (prefix caching keeps their full blocks)."""
         held = self.gpu.get(i, 0)
+        if self.cache is not None:
+            self.gpu.pop(i, None)
+            full = computed // self.block_size
+            self.cache.release(i, full, self._full_keys(i, computed))
+            self.used = self.cache.used
+            return held
         if self.loans:
             self._settle(i)
         self.used -= self.gpu.pop(i, 0)
         return held
 
-    def swap_out(self, i: int) -> int:
+    def swap_out(self, i: int, computed: int = 0) -> int:
         """Request i's KV to the host: all its blocks are copied; a loan's blocks stay on the GPU with its host."""
-        held = self.release(i)
+        held = self.release(i, computed)
         self.host[i] = held
         self.host_used += held
         return held
@@ -183,13 +224,73 @@ class PagedMemory:
         blocks = self.host.pop(i)
         self.host_used -= blocks
         self.gpu[i] = blocks
-        self.used += blocks
+        if self.cache is not None:
+            self.cache.grow(i, blocks)  # back as its own blocks
+            self.used = self.cache.used
+        else:
+            self.used += blocks
         return blocks
+
+    # --- prefix caching (``prefix_caching=true``; the engine calls these only then) ---------------------------
+    def keys(self, i: int, tokens: int) -> list:
+        """Keys of request i's full blocks within its first ``tokens`` tokens (empty: it shares nothing)."""
+        memo = self._memo.get(i)
+        if memo is not None and memo[0] == tokens:
+            return memo[1]
+        segments = self.segments[i] if self.segments is not None else None
+        keys = self._keys(segments, tokens) if segments else []
+        if len(self._memo) > 4096:  # planning policies ask about many waiting requests: keep the memo small
+            self._memo.clear()
+        self._memo[i] = (tokens, keys)
+        return keys
+
+    def _full_keys(self, i: int, computed: int):
+        """Keys of the blocks a leaving request filled beyond those it started with (None: nothing new)."""
+        segments = self.segments[i] if self.segments is not None else None
+        have = len(self.cache.pending.get(i, ()))
+        if not segments or computed // self.block_size <= have \
+                or sum(n for _, n in segments) // self.block_size <= have:  # no key beyond those it has
+            return None
+        return self._keys(segments, computed)
+
+    def cached_tokens(self, i: int, tokens: int) -> int:
+        """Tokens of request i's first ``tokens`` a prefill starting now would skip: its longest cached prefix of
+        whole blocks, at most tokens - 1."""
+        return self.cache.hit(self.keys(i, tokens), (tokens - 1) // self.block_size) * self.block_size
+
+    def start_blocks(self, i: int, tokens: int, dropped=()) -> int:
+        """Free blocks request i's prefill of ``tokens`` tokens takes now: its blocks less those it shares with
+        running requests (``dropped``: keys whose users are all preempted first, so not shared)."""
+        return self.cache.new_blocks(self.keys(i, tokens), self.blocks(tokens), (tokens - 1) // self.block_size,
+                                     dropped)
+
+    def start(self, i: int, tokens: int) -> int:
+        """Request i starts a prefill of ``tokens`` tokens: it takes its blocks, its cached prefix shared or taken
+        back from the evictor; returns the tokens it skips. The engine then caches the blocks each chunk fills as
+        it schedules it (``advance``; vLLM v1 caches at scheduling)."""
+        keys = self.keys(i, tokens)
+        self._memo.pop(i, None)
+        bs = self.block_size
+        hit = self.cache.acquire(i, keys, self.blocks(tokens), (tokens - 1) // bs, upto=0)
+        self.gpu[i] = self.blocks(tokens)
+        self.used = self.cache.used
+        return hit * bs
+
+    def advance(self, i: int, computed: int) -> None:
+        """Request i's prefill has scheduled ``computed`` tokens: their full blocks are cached."""
+        self.cache.advance(i, computed // self.block_size)
+
+    def freed_by(self, i: int) -> int:
+        """Blocks preempting request i alone frees: all it holds, or with prefix caching those it does not share."""
+        if self.cache is None:
+            return self.gpu.get(i, 0)
+        return self.cache.freed_by(i)
 
     def describe(self) -> dict:
         return {"name": self.name, "capacity_tokens": self.capacity_tokens, "block_size": self.block_size,
                 "num_blocks": self.num_blocks, "watermark_blocks": self.watermark_blocks,
-                "swap_space_gb": self.swap_space_gb, "host_blocks": self.host_blocks_total}
+                "swap_space_gb": self.swap_space_gb, "host_blocks": self.host_blocks_total,
+                **({"prefix_caching": True} if self.prefix_caching else {})}
 
     def __repr__(self) -> str:
         return f"PagedMemory({self.num_blocks} blocks of {self.block_size}, watermark {self.watermark_blocks})"

@@ -1,26 +1,90 @@
-"""vLLM's automatic prefix caching, counted in blocks (issue 36; vLLM's design doc "Automatic Prefix Caching" and
-its v1 ``block_pool.py``): the block bookkeeping alone. Not yet used by the engine: ``memory.prefix_caching`` on
-``PagedMemory`` is to build on it (issue 36's memory item); its hand-worked tests and the independent count on
-Mooncake's traces are in tests/test_prefix_cache.py.
+"""vLLM's automatic prefix caching, counted in blocks (issue 36; vLLM's design doc "Automatic Prefix Caching" and its
+v1 ``block_pool.py`` / ``kv_cache_manager.py``): the block bookkeeping that ``PagedMemory(prefix_caching=True)``
+(kvstudy/memory/paged.py) runs on. Hand-worked tests and the independent count on Mooncake's traces:
+tests/test_prefix_cache.py.
 
-* A block is named by a *key* that chains everything before it: two requests share a block only if their contents
-  agree up to and including it (vLLM: ``hash(parent hash, block tokens)``). Keys come from the workload
-  (``BlockKeys``: a trace's ``hash_ids`` mapped onto the engine's blocks); only full blocks have keys.
+* A block is named by a *key* that identifies everything up to its end: two requests share a block only if their
+  contents agree up to and including it (vLLM: ``hash(parent hash, block tokens)``). Keys come from the workload's
+  ``segments`` (``BlockKeys``); only full blocks have keys.
 * A computed full block is cached. Blocks in use are reference-counted: a block shared by k running requests is
   one block of memory. A cached block nobody uses stays in an LRU *evictor*; it counts as free memory and is evicted
   (least recently released first) only when an allocation needs a block and no uncached free block is left.
-* ``acquire(i, keys, blocks, most)``: request i starts with its longest prefix of cached keys (``hit``, at most
+* ``acquire(i, keys, blocks, most, upto)``: request i starts with its longest prefix of cached keys (``hit``, at most
   ``most`` blocks: a prefill computes at least the prompt's last token), taken back from the evictor or shared with
-  their users, plus new blocks for the rest; ``release(i)`` drops its references (its keyed
-  blocks go to the evictor, newest last; private blocks are freed at once).
+  their users, plus new blocks for the rest. Its other full blocks are cached as they are scheduled
+  (``advance(i, full_blocks)``; vLLM v1 caches a block when the step that fills it is scheduled, so a request
+  scheduled later in the same step can hit it), unless a block of the same key is cached already (then the request's
+  copy is its own, as in vLLM). ``release(i)`` drops its references: its keyed blocks nobody else uses go to the
+  evictor, tail first (a prefix is evicted after its continuation), the others are freed at once.
 
-Memory: ``used`` = distinct blocks referenced by a request; ``free`` = ``num_blocks - used`` (cached blocks in the
-evictor included, as vLLM counts them); ``used`` never exceeds ``num_blocks``.
+Memory: ``used`` = distinct blocks referenced by a request (keyed blocks once, plus each request's own);
+``free`` = ``num_blocks - used`` (cached blocks in the evictor included, as vLLM counts them); ``used`` never
+exceeds ``num_blocks``. Which of a request's hits come from the evictor and which are shared changes what it costs
+in memory (a shared block costs nothing, a block taken back from the evictor one block, as a new one) but never
+whether an allocation fits: evictor blocks are free blocks.
 """
 from __future__ import annotations
 
-from collections import OrderedDict
-from typing import Dict, Hashable, List, Sequence
+from collections import Counter, deque
+from typing import Dict, Hashable, Iterable, Iterator, List, Optional, Sequence, Tuple
+
+
+class LruKeys:
+    """Keys in the order they were added, first added first out, with O(1) membership and removal and insertion in
+    bulk (C loops): the evictor's order. ``order`` is the sequence of additions; ``where`` maps each present key to
+    its latest position in it, so an entry whose key was removed or added again later is stale and skipped."""
+
+    __slots__ = ("order", "where", "head", "base")
+
+    def __init__(self) -> None:
+        self.order: list = []
+        self.where: Dict[Hashable, int] = {}
+        self.head = 0  # order[:head] is consumed
+        self.base = 0  # the absolute position of order[0]
+
+    def __len__(self) -> int:
+        return len(self.where)
+
+    def __contains__(self, key) -> bool:
+        return key in self.where
+
+    def __iter__(self) -> Iterator:
+        where = self.where
+        for pos, key in enumerate(self.order[self.head:], self.base + self.head):
+            if where.get(key) == pos:
+                yield key
+
+    def keys(self):
+        return self.where.keys()
+
+    def extend(self, keys: Sequence[Hashable]) -> None:
+        """Add ``keys`` at the end, in their order (the first of them leaves first)."""
+        start = self.base + len(self.order)
+        self.order.extend(keys)
+        self.where.update(zip(keys, range(start, start + len(keys))))
+
+    def add(self, key: Hashable) -> None:
+        self.where[key] = self.base + len(self.order)
+        self.order.append(key)
+
+    def remove(self, key: Hashable) -> None:
+        del self.where[key]
+
+    def pop_first(self, count: int) -> int:
+        """Remove the ``count`` keys added first (fewer if fewer are present); returns how many went."""
+        where, order, gone = self.where, self.order, 0
+        while gone < count and self.head < len(order):
+            batch = order[self.head:self.head + count - gone]
+            first = self.base + self.head
+            self.head += len(batch)
+            live = [key for pos, key in enumerate(batch, first) if where.get(key) == pos]
+            deque(map(where.__delitem__, live), maxlen=0)
+            gone += len(live)
+        if self.head > 4096 and 2 * self.head > len(order):  # drop the consumed part now and then
+            del order[:self.head]
+            self.base += self.head
+            self.head = 0
+        return gone
 
 
 class PrefixCache:
@@ -29,16 +93,46 @@ class PrefixCache:
             raise ValueError(f"num_blocks={num_blocks}: at least 1")
         self.num_blocks = int(num_blocks)
         self.ref: Dict[Hashable, int] = {}                    # keyed block in use -> its users
-        self.evictor: "OrderedDict[Hashable, None]" = OrderedDict()  # cached, unused: least recently released first
-        self.keys: Dict[int, List[Hashable]] = {}             # request -> the keyed blocks it references
-        self.private: Dict[int, int] = {}                     # request -> its blocks without a key
+        self.evictor = LruKeys()  # cached, unused: least recently released first
+        self.keys: Dict[int, list] = {}                       # request -> keys of the cached blocks it holds
+        self.done: Dict[int, int] = {}                        # request -> its full blocks registered so far (those
+        #                                                       not in keys: its own copies of blocks cached already)
+        self.pending: Dict[int, Sequence[Hashable]] = {}      # request -> keys of all its full blocks (by position)
+        self.private: Dict[int, int] = {}                     # request -> its blocks without a key reference
         self.used = 0
         self.evictions = 0
+        #: with ``track_users()``: keyed block in use -> the requests holding it, and the keys two or more hold
+        self.users: Optional[Dict[Hashable, list]] = None
+        self.multi: Optional[Dict[Hashable, None]] = None
+
+    def track_users(self) -> None:
+        """Keep who holds each keyed block (a policy weighing shared blocks by their holders asks for it: MC-SF's
+        prefix-aware eq. (5)); off, the cache pays nothing for it. Call before any request holds blocks."""
+        self.users, self.multi = {}, {}
+
+    def _hold(self, key: Hashable, i: int) -> None:
+        us = self.users.setdefault(key, [])
+        us.append(i)
+        if len(us) == 2:
+            self.multi[key] = None
+
+    def _drop(self, key: Hashable, i: int) -> None:
+        us = self.users[key]
+        us.remove(i)
+        if not us:
+            del self.users[key]
+        elif len(us) == 1:
+            self.multi.pop(key, None)
 
     # --- queries ------------------------------------------------------------------------------------------
     @property
     def free(self) -> int:
         return self.num_blocks - self.used
+
+    @property
+    def cached_blocks(self) -> int:
+        """Blocks holding a cached (keyed) prefix: in use or in the evictor."""
+        return len(self.ref) + len(self.evictor)
 
     def cached(self, key: Hashable) -> bool:
         return key in self.ref or key in self.evictor
@@ -46,25 +140,39 @@ class PrefixCache:
     def hit(self, keys: Sequence[Hashable], most: int = None) -> int:
         """The number of leading ``keys`` (at most ``most``) whose blocks are cached (in use or in the evictor)."""
         n, most = 0, len(keys) if most is None else min(most, len(keys))
-        while n < most and (keys[n] in self.ref or keys[n] in self.evictor):
+        ref, evictor = self.ref, self.evictor
+        while n < most and (keys[n] in ref or keys[n] in evictor):
             n += 1
         return n
 
-    def new_blocks(self, keys: Sequence[Hashable], blocks: int, most: int = None) -> int:
+    def new_blocks(self, keys: Sequence[Hashable], blocks: int, most: int = None, dropped=()) -> int:
         """Blocks of free memory a request of ``blocks`` blocks whose full blocks are ``keys`` would take now (its
         hit at most ``most`` blocks): every block it does not share with a running request (a hit in the evictor
-        leaves the free pool too)."""
+        leaves the free pool too). ``dropped``: keys whose users all leave first (they are not shared then)."""
         n = self.hit(keys, most)
-        return blocks - sum(1 for key in keys[:n] if key in self.ref)
+        ref = self.ref
+        return blocks - sum(1 for key in keys[:n] if key in ref and key not in dropped)
+
+    def freed_by(self, i: int) -> int:
+        """Blocks that become free if request i alone gives its blocks back (shared ones stay in use)."""
+        ref = self.ref
+        return self.private.get(i, 0) + sum(1 for key in self.keys.get(i, ()) if ref[key] == 1)
+
+    def release_gain(self, requests: Iterable[int]) -> Tuple[int, set]:
+        """(blocks freed, keys no longer in use) if all ``requests`` give their blocks back."""
+        count = Counter(key for i in requests for key in self.keys.get(i, ()))
+        ref = self.ref
+        dropped = {key for key, n in count.items() if ref[key] == n}
+        return sum(self.private.get(i, 0) for i in requests) + len(dropped), dropped
 
     # --- changes ----------------------------------------------------------------------------------------
-    def acquire(self, i: int, keys: Sequence[Hashable], blocks: int, most: int = None) -> int:
+    def acquire(self, i: int, keys: Sequence[Hashable], blocks: int, most: int = None, upto: int = None) -> int:
         """Request i takes ``blocks`` blocks, the first ``len(keys)`` full; returns how many leading keyed blocks
         were cached (its prefill skips them), at most ``most`` (vLLM: a prefill computes at least the prompt's last
-        token, so a prompt of p tokens reuses at most (p - 1) // block_size blocks). Its other full blocks are
-        computed and cached under their keys, unless a block of the same key is cached already (then this copy is
-        the request's own). Raises MemoryError if free memory cannot hold them (check ``new_blocks`` first)."""
-        if i in self.keys or i in self.private:
+        token, so a prompt of p tokens reuses at most (p - 1) // block_size blocks). Its full blocks below ``upto``
+        (default: all) are cached now, the others by ``advance``. Raises MemoryError if free memory cannot hold
+        them (check ``new_blocks`` first)."""
+        if i in self.private:
             raise ValueError(f"request {i} holds blocks already")
         if len(keys) > blocks:
             raise ValueError(f"{len(keys)} full blocks of a request of {blocks} blocks")
@@ -72,88 +180,147 @@ class PrefixCache:
         if need > self.free:
             raise MemoryError(f"request {i} needs {need} blocks, {self.free} free")
         hit = self.hit(keys, most)
-        taken, own = [], blocks - len(keys)
-        for k, key in enumerate(keys):
-            if k < hit:
-                if key in self.ref:
-                    self.ref[key] += 1  # shared with a running request: no new block
-                    taken.append(key)
-                    continue
-                del self.evictor[key]  # cached, unused: back in use
-            elif self.cached(key):
-                own += 1  # computed again beside a cached copy: the request's own block
-                continue
+        ref, evictor = self.ref, self.evictor
+        taken = []
+        for key in keys[:hit]:
+            if key in ref:
+                ref[key] += 1  # shared with a running request: no new block
             else:
-                self._make_room(1)
-            self.ref[key] = 1
-            self.used += 1
+                evictor.remove(key)  # cached, unused: back in use
+                ref[key] = 1
+                self.used += 1
             taken.append(key)
+        if self.users is not None:
+            for key in taken:
+                self._hold(key, i)
+        own = blocks - hit
         self._make_room(own)
         self.used += own
-        self.keys[i], self.private[i] = taken, own
+        self.keys[i], self.pending[i], self.private[i], self.done[i] = taken, keys, own, hit
+        self.advance(i, len(keys) if upto is None else upto)
         return hit
 
+    def advance(self, i: int, full_blocks: int) -> None:
+        """Request i's blocks below ``full_blocks`` are computed (or scheduled): each with a key is cached under it,
+        unless that key is cached already (the request's copy stays its own, vLLM's duplicate block)."""
+        start = self.done[i]
+        end = min(full_blocks, len(self.pending[i]))
+        if end <= start:
+            return
+        new = self.pending[i][start:end]
+        ref, evictor, taken = self.ref, self.evictor, self.keys[i]
+        self.done[i] = end
+        if ref.keys().isdisjoint(new) and evictor.keys().isdisjoint(new):  # the usual case, in bulk
+            ref.update(dict.fromkeys(new, 1))
+            taken.extend(new)
+            added = len(new)
+            if self.users is not None:
+                self.users.update((key, [i]) for key in new)
+        else:
+            added = 0
+            for key in new:
+                if key not in ref and key not in evictor:
+                    ref[key] = 1
+                    taken.append(key)
+                    added += 1
+                    if self.users is not None:
+                        self.users[key] = [i]
+        self.private[i] -= added
+
     def grow(self, i: int, blocks: int = 1) -> None:
-        """Request i takes ``blocks`` more private blocks (a decode crossing a block boundary)."""
-        self._make_room(blocks)
+        """Request i takes ``blocks`` more blocks of its own (a decode crossing a block boundary, a swap-in)."""
+        if self.num_blocks - self.used - len(self.evictor) < blocks:
+            self._make_room(blocks)
         self.private[i] = self.private.get(i, 0) + blocks
         self.used += blocks
+        if i not in self.keys:
+            self.keys[i], self.pending[i], self.done[i] = [], (), 0
 
-    def release(self, i: int) -> int:
-        """Request i gives its blocks back: keyed blocks nobody else uses go to the evictor (most recently released
-        last, so evicted last), private ones are freed. Returns the blocks it held."""
-        keys, own = self.keys.pop(i, []), self.private.pop(i, 0)
-        for key in reversed(keys):  # vLLM frees a request's blocks tail first: its prefix is evicted last
-            self.ref[key] -= 1
-            if not self.ref[key]:
-                del self.ref[key]
-                self.evictor[key] = None
-                self.used -= 1
-        self.used -= own
-        return len(keys) + own
+    def release(self, i: int, full_blocks: Optional[int] = None, keys: Optional[Sequence[Hashable]] = None) -> int:
+        """Request i gives its blocks back: keyed blocks nobody else uses go to the evictor (tail first, so its
+        prefix is evicted last, as vLLM frees a request's blocks), its own are freed. ``full_blocks``: its blocks
+        below this are computed and cached first (``keys``: their keys, when they reach beyond those it started
+        with: blocks its decode filled). Returns the blocks it held."""
+        if full_blocks is not None:
+            if keys is not None and len(keys) > len(self.pending.get(i, ())):
+                self.pending[i] = keys
+            self.advance(i, full_blocks)
+        taken, own = self.keys.pop(i, []), self.private.pop(i, 0)
+        self.pending.pop(i, None)
+        self.done.pop(i, None)
+        ref, evictor, users = self.ref, self.evictor, self.users
+        if users is not None:
+            for key in taken:
+                self._drop(key, i)
+        counts = list(map(ref.__getitem__, taken))
+        if counts and max(counts) > 1:  # blocks others hold too stay in use, one user fewer
+            for key, n in zip(taken, counts):
+                if n > 1:
+                    ref[key] = n - 1
+            taken = [key for key, n in zip(taken, counts) if n == 1]
+        # the rest, in bulk (C loops): out of use, into the evictor tail first
+        deque(map(ref.__delitem__, taken), maxlen=0)
+        evictor.extend(taken[::-1])
+        freed = len(taken)
+        self.used -= freed + own
+        return len(counts) + own
 
-    def _make_room(self, blocks: int, keep=()) -> None:
+    def _make_room(self, blocks: int) -> None:
         """Evict least recently released cached blocks until ``blocks`` uncached free blocks exist."""
-        uncached = self.free - len(self.evictor)
-        while uncached < blocks and self.evictor:
-            self.evictor.popitem(last=False)
-            self.evictions += 1
-            uncached += 1
-        if uncached < blocks:
-            raise MemoryError(f"{blocks} blocks needed, {uncached} free")
+        short = blocks - (self.free - len(self.evictor))
+        if short <= 0:
+            return
+        gone = self.evictor.pop_first(short)
+        self.evictions += gone
+        if gone < short:
+            raise MemoryError(f"{blocks} blocks needed, {blocks - short + gone} free")
+
+
+Segment = Tuple[Hashable, int]
 
 
 class BlockKeys:
-    """Keys of requests' full prompt blocks (engine blocks of ``block_size``) from a trace's per-block hashes
-    (Mooncake: ``hash_ids`` of the prompt's ``trace_block``-token blocks, chained as a prefix). Engine block k
-    (tokens [k*b, (k+1)*b)) lies in trace block t = k*b // trace_block; its key is (the trace's chain up to t, k's
-    offset in t). A partial last trace block is chained with its length, so it is never shared with a longer one.
-    Chains are numbered as they are first seen (one table per run), so a key is two small ints."""
+    """Keys of a request's full blocks (engine blocks of ``block_size`` tokens) from its ``segments``: ``(key,
+    length)`` pairs whose concatenation is the start of its token sequence (equal keys: equal content and length;
+    the workload interface, kvstudy/workloads/requests.py). Block k (tokens [k*b, (k+1)*b)) ends inside segment s;
+    its key names the chain of segments up to and including s and the block's end offset in s, so two blocks have
+    one key exactly when everything up to their ends agrees. Blocks past the segments have no key (the request's
+    own). Chains are numbered as first seen (one table per run, growing with distinct segment prefixes, not blocks):
+    a key is one int, ``chain << 32 | offset``."""
 
-    def __init__(self, trace_block: int, block_size: int) -> None:
-        if trace_block % block_size:
-            raise ValueError(f"trace block {trace_block} is not a multiple of block_size {block_size}")
-        self.trace_block, self.block_size = trace_block, block_size
+    def __init__(self, block_size: int) -> None:
+        self.block_size = int(block_size)
         self._chains: dict = {}
 
-    def __call__(self, hash_ids: Sequence[int], prompt_tokens: int) -> list:
-        tb, bs = self.trace_block, self.block_size
-        per, full = tb // bs, prompt_tokens // bs
-        keys, chain = [], -1
-        for t, h in enumerate(hash_ids):
-            first = t * per
-            if first >= full:
+    def __call__(self, segments: Sequence[Segment], tokens: int) -> List[int]:
+        bs = self.block_size
+        full, chains = int(tokens) // bs, self._chains
+        keys: List[int] = []
+        chain, start, end_k = -1, 0, bs  # end_k: the end (exclusive) of the next block
+        for segment in segments:
+            if len(keys) >= full:
                 break
-            length = min(tb, prompt_tokens - t * tb)
-            link = (chain, h, length if length < tb else 0)
-            chain = self._chains.setdefault(link, len(self._chains))
-            keys.extend((chain, j) for j in range(min(per, full - first)))
+            link = (chain, segment[0], segment[1])
+            chain = chains.get(link)
+            if chain is None:
+                chain = chains[link] = len(chains)
+            end = start + segment[1]
+            last = min(end, full * bs)  # the end of the last full block inside this segment (if any)
+            if end_k <= last:
+                # offsets end_k - start, end_k + bs - start, ...: an arithmetic run (chain << 32 | offset = + offset)
+                stop = last - (last - end_k) % bs
+                keys.extend(range((chain << 32) + end_k - start, (chain << 32) + stop - start + 1, bs))
+                end_k = stop + bs
+            start = end
         return keys
 
 
-def engine_block_keys(hash_ids: Sequence[int], prompt_tokens: int, trace_block: int, block_size: int) -> list:
-    """``BlockKeys`` for one request alone (chains numbered afresh: compare keys of one call only)."""
-    return BlockKeys(trace_block, block_size)(hash_ids, prompt_tokens)
+def mooncake_segments(hash_ids: Sequence[int], prompt_tokens: int, trace_block: int = 512) -> List[Segment]:
+    """Mooncake's ``hash_ids`` (one per ``trace_block``-token block of the prompt, chained as a prefix) as segments:
+    each id a segment of ``trace_block`` tokens, the last one the prompt's remainder (a partial block is its own
+    content: never shared with a longer block of the same id)."""
+    return [(int(h), min(trace_block, int(prompt_tokens) - t * trace_block)) for t, h in enumerate(hash_ids)
+            if t * trace_block < prompt_tokens]
 
 
 def reusable_tokens(hash_ids_list: Sequence[Sequence[int]], prompts: Sequence[int], trace_block: int = 512,

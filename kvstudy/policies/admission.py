@@ -93,6 +93,44 @@ class _View(SchedulerView):
         self.__dict__.update(self._waiting_arrays() if name.startswith("waiting") else self._running_arrays())
         return self.__dict__[name]
 
+    # --- prefix caching (memory.prefix_caching=true; MC-SF's prefix_aware eq. (5), kvstudy/policies/mcsf.py) ----------
+    def duplicate_blocks(self, d: np.ndarray) -> np.ndarray:
+        """Per running request (the running arrays' order), the blocks it holds that another running request also
+        holds and is predicted to hold longer (``d``: decode rounds left; ties: the earlier admitted is charged): a
+        shared block charged once, to its longest-lived holder."""
+        cache, running = self._sv.memory.cache, self._sv.running
+        dup = np.zeros(len(running), dtype=np.int64)
+        if not cache.multi:
+            return dup
+        where = {i: k for k, i in enumerate(running)}
+        for key in cache.multi:
+            pos = [where[i] for i in cache.users[key]]
+            owner = min(pos, key=lambda k: (-d[k], k))
+            for k in pos:
+                if k != owner:
+                    dup[k] += 1
+        return dup
+
+    def shared_tokens(self, pos: int, predicted: int) -> int:
+        """Tokens of waiting request ``pos``'s next prefill held now by running requests predicted to hold them for
+        at least its ``predicted`` decode rounds: its leading blocks, up to the first that is not (at most
+        prompt - 1 tokens, as the prefill computes its last token)."""
+        sv, a = self._sv, self._a
+        mem = sv.memory
+        users = mem.cache.users
+        i = a._waiting[pos]
+        tokens = sv.prompt[i] + sv.waiting_generated[i]
+        keys = mem.keys(i, tokens)
+        run = self.running_predicted - self.running_generated - 1 if users else None
+        where = {j: k for k, j in enumerate(sv.running)} if users else None
+        n, most = 0, min(len(keys), (tokens - 1) // mem.block_size)
+        while n < most:
+            us = users.get(keys[n])
+            if not us or max(run[where[j]] for j in us) < predicted:
+                break
+            n += 1
+        return n * mem.block_size
+
     def head_prompts(self, k: int) -> np.ndarray:
         gen, prompt = self._sv.waiting_generated, self._sv.prompt
         return np.array([prompt[i] + gen[i] for i in islice(self._a._waiting, k)], dtype=np.int64)
@@ -174,6 +212,12 @@ class Admission(StepPolicy):
         if sv.memory.tracks_blocks and getattr(self.policy, "admission", "paper") == "authors_code":
             raise ConfigError(f"policy '{self.name}': policy.admission=authors_code checks memory in tokens as the "
                               f"MC-SF authors' scripts do; memory=paged counts blocks: use admission=paper there")
+        if getattr(self.policy, "prefix_aware", False):
+            if getattr(sv.memory, "cache", None) is None:
+                raise ConfigError(f"policy '{self.name}': policy.prefix_aware=true weighs shared prefix blocks; it needs "
+                                  f"memory.prefix_caching=true (memory=paged_prefix)")
+            if sv.memory.cache.users is None:
+                sv.memory.cache.track_users()
         # predictions in decode rounds: vLLM's convention counts the prefill's token among the predicted output
         self._shift = 0 if sv.memory.convention == "paper" else 1
         self._n = len(sv.state)

@@ -603,7 +603,7 @@ class _State:
     def freeable(self, v: int) -> int:
         mem = self.view.memory
         loan = mem.loans.get(v)
-        return mem.held(v) - (loan[1] if loan and loan[0] in mem.gpu and loan[0] not in self.victims else 0)
+        return mem.freed_by(v) - (loan[1] if loan and loan[0] in mem.gpu and loan[0] not in self.victims else 0)
 
     def preempt(self, v: int, mode: str, d: Decision) -> None:
         self.free += self.freeable(v)

@@ -12,6 +12,15 @@ undefined ``average_batch_processing_time`` (``AuthorsCheck``; docs/authors_code
 On paged memory (``memory=paged``, through kvstudy/policies/admission.py) eq. (5) is checked in whole blocks with the
 prefill iteration charged (``BlockFutureMemory``); ``admission=authors_code`` counts tokens as the scripts do and is
 refused there.
+
+``prefix_aware`` (kvstudy's extension for prefix caching, issue 36; not in the paper): eq. (5) with shared blocks
+counted once. A block several running requests hold is charged to the one predicted to hold it longest (the
+others' w drop by a block each), and a candidate is not charged the leading blocks of its prompt that running
+requests hold and are predicted to hold at least as long as it runs (it shares them). Since a shared block stays in
+memory while any holder runs, and the charged holder is the last to leave, memory at every check point is then
+counted exactly for the running requests; a candidate's shared blocks held by requests predicted to leave before it
+are charged in full. Cached blocks nobody uses are free memory (``running_kv_tokens`` counts blocks in use), so
+eq. (5) treats them as reclaimable. Needs memory.prefix_caching=true (``+policy=mcsf_prefix``).
 """
 from __future__ import annotations
 
@@ -28,7 +37,8 @@ class PrefixFutureMemoryPolicy(Policy):
     ``margin`` is 0 in Alg. 1/2; Sec. 5.2.2 plans with noisy predictions under alpha = 0.1.
     """
 
-    def __init__(self, margin: float = 0.0, admission: str = "paper", avg_batch_time: float = 0.05) -> None:
+    def __init__(self, margin: float = 0.0, admission: str = "paper", avg_batch_time: float = 0.05,
+                 prefix_aware: bool = False) -> None:
         if not 0.0 <= margin < 1.0:
             raise ConfigError(f"policy.margin={margin}: allowed 0 <= margin < 1")
         if admission not in ("paper", "authors_code"):
@@ -37,11 +47,16 @@ class PrefixFutureMemoryPolicy(Policy):
         if isinstance(avg_batch_time, bool) or not isinstance(avg_batch_time, (int, float)) or not (
                 1e-4 <= avg_batch_time < float("inf")):
             raise ConfigError(f"policy.avg_batch_time={avg_batch_time!r}: allowed a number of seconds >= 0.0001")
+        if not isinstance(prefix_aware, bool):
+            raise ConfigError(f"policy.prefix_aware={prefix_aware!r}: allowed true, false")
         self.margin = float(margin)
         self.admission, self.avg_batch_time = admission, float(avg_batch_time)
+        self.prefix_aware = prefix_aware
 
     def _memory(self, view: SchedulerView, budget: int):
         w, d = running_terms(view)
+        if self.prefix_aware:  # shared blocks charged to their longest-lived holder only
+            w = w - view.block_size * view.duplicate_blocks(d)
         if view.block_size is not None:  # paged memory: eq. (5) in whole blocks, the prefill iteration charged
             return BlockFutureMemory(budget, w, d, view.block_size, view.running_kv_tokens // view.block_size)
         if self.admission == "authors_code":
@@ -54,7 +69,8 @@ class PrefixFutureMemoryPolicy(Policy):
         prompts, predicted = view.waiting_prompt, view.waiting_predicted
         taken = 0
         for pos in order:
-            if not memory.try_add(int(prompts[pos]), int(predicted[pos])):
+            prompt = int(prompts[pos]) - (view.shared_tokens(int(pos), int(predicted[pos])) if self.prefix_aware else 0)
+            if not memory.try_add(prompt, int(predicted[pos])):
                 break
             taken += 1
         return order[:taken]
@@ -68,7 +84,10 @@ class PrefixFutureMemoryPolicy(Policy):
         budget = int(np.floor((1.0 - self.margin) * view.capacity))
         memory = self._memory(view, budget)
         taken = []
+        shared = view.shared_tokens if self.prefix_aware else None
         for pos, prompt, predicted in view.ordered_waiting(self.waiting_order):
+            if shared is not None:
+                prompt -= shared(pos, predicted)
             if not memory.try_add(prompt, predicted):
                 break
             taken.append(pos)

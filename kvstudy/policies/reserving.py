@@ -63,7 +63,7 @@ class ReservingPolicy(VLLM):
             for i in [i for i in view.running if i in view.growing and view.decode_blocks_needed(i) > 0
                       and not view.in_prefill(i)]:
                 plan.d.preempt.append((i, self.mode))
-                plan.free += mem.held(i)
+                plan.free += mem.freed_by(i)  # with prefix caching: not the blocks it shares
                 plan.num_seqs -= 1
                 self._demand[i] = self.next_demand(view, i)
         decoding = len(view.running) - len(view.prefilling) - len(plan.d.preempt)  # victims are never in prefill

@@ -22,6 +22,10 @@ chunks, then bring swapped requests back, then admit new requests with a chunk e
 sequences) or ``swap``; a request still in its prefill is always recomputed (vLLM swaps decodes only).
 ``running_order``: ``admission`` (vLLM: the running list in the order requests were admitted) or
 ``arrival`` (Vidur's replica schedulers sort it by arrival time before each step).
+
+``waiting_order`` (issue 36): ``fcfs`` (vLLM), or SGLang's cache-aware ``lpm`` / ``dfs_weight``
+(kvstudy/policies/cache_orders.py) with memory.prefix_caching=true: the queue is walked in that order, admission
+against memory unchanged (a request that does not fit still stops the walk, as in both vLLM and SGLang).
 """
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ from typing import List, Optional
 
 from kvstudy.errors import ConfigError
 from kvstudy.memory.paged import LATER, NEVER
+from kvstudy.policies.cache_orders import ORDERS, ordered
 from kvstudy.policies.step import RECOMPUTE, SWAP, Decision, StepPolicy, StepView
 
 
@@ -66,7 +71,7 @@ class VLLM(StepPolicy):
 
     def __init__(self, preemption_mode: str = RECOMPUTE, max_num_seqs: int = 256,
                  max_num_batched_tokens: Optional[int] = None, running_order: str = "admission",
-                 name: str = "vllm") -> None:
+                 name: str = "vllm", waiting_order: str = "fcfs") -> None:
         if preemption_mode not in (RECOMPUTE, SWAP):
             raise ConfigError(f"policy.preemption_mode={preemption_mode!r}: allowed recompute, swap")
         if not isinstance(max_num_seqs, int) or isinstance(max_num_seqs, bool) or max_num_seqs <= 0:
@@ -77,6 +82,9 @@ class VLLM(StepPolicy):
                               f"or null (vLLM: max(max_model_len, 2048))")
         if running_order not in ("admission", "arrival"):
             raise ConfigError(f"policy.running_order={running_order!r}: allowed admission (vLLM), arrival (Vidur)")
+        if waiting_order not in ORDERS:
+            raise ConfigError(f"policy.waiting_order={waiting_order!r}: allowed {', '.join(ORDERS)}")
+        self.waiting_order = waiting_order
         self.preemption_mode = preemption_mode
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -99,7 +107,7 @@ class VLLM(StepPolicy):
         if view.in_prefill(i):
             mode = RECOMPUTE
         plan.d.preempt.append((i, mode))
-        plan.free += view.memory.held(i)
+        plan.free += view.memory.freed_by(i)  # with prefix caching: not the blocks it shares
         plan.num_seqs -= 1
 
     def _schedule_decodes(self, view: StepView, plan: _Plan, skip_prefilling: bool) -> List[int]:
@@ -160,10 +168,15 @@ class VLLM(StepPolicy):
 
     def _head_fits(self, view: StepView) -> bool:
         """False when the head of the waiting queue cannot start now (LATER, or the seq cap): under load that
-        is most steps, and ``_schedule_prefills`` would stop at once."""
+        is most steps, and ``_schedule_prefills`` would stop at once. A cache-aware order asks whether the
+        smallest waiting request could start (its head is known only once the order is computed)."""
         if len(view.running) >= self.max_num_seqs:
             return False
-        i, mem = view.waiting[0], view.memory
+        mem = view.memory
+        if self.waiting_order != "fcfs":
+            blocks = -(-min(view.prompt[i] + view.waiting_generated[i] for i in view.waiting) // mem.block_size)
+            return mem.free - blocks >= mem.watermark_blocks or mem.num_blocks - blocks < mem.watermark_blocks
+        i = view.waiting[0]
         blocks = -(-(view.prompt[i] + view.waiting_generated[i]) // mem.block_size)
         return mem.free - blocks >= mem.watermark_blocks or mem.num_blocks - blocks < mem.watermark_blocks
 
@@ -171,7 +184,8 @@ class VLLM(StepPolicy):
         mem = view.memory
         bs, wm, total = mem.block_size, mem.watermark_blocks, mem.num_blocks
         prompt, generated = view.prompt, view.waiting_generated
-        for i in view.waiting:
+        queue = view.waiting if self.waiting_order == "fcfs" else ordered(view, self.waiting_order)
+        for i in queue:
             if plan.num_seqs + 1 > self.max_num_seqs:
                 break
             blocks = -(-(prompt[i] + generated[i]) // bs)  # view.prefill_blocks(i), inlined: it runs every step
@@ -207,11 +221,12 @@ class Sarathi(VLLM):
     name = "sarathi"
 
     def __init__(self, chunk_size: int = 512, preemption_mode: str = RECOMPUTE, max_num_seqs: int = 256,
-                 running_order: str = "admission", name: str = "sarathi") -> None:
+                 running_order: str = "admission", name: str = "sarathi", waiting_order: str = "fcfs") -> None:
         if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size <= 0:
             raise ConfigError(f"policy.chunk_size={chunk_size!r}: must be a positive integer (Sarathi-Serve: 512)")
         super().__init__(preemption_mode=preemption_mode, max_num_seqs=max_num_seqs,
-                         max_num_batched_tokens=chunk_size, running_order=running_order, name=name)
+                         max_num_batched_tokens=chunk_size, running_order=running_order, name=name,
+                         waiting_order=waiting_order)
         self.chunk_size = chunk_size
 
     def step(self, view: StepView) -> Decision:

@@ -8,7 +8,10 @@ Layout (the same as a Vidur checkout's ``data/profiling`` tree, so real profiles
 
 Only the ``.median`` timing columns Vidur's predictor reads are written (milliseconds per layer).
 Grids follow Vidur's profiler (``vidur/profiling/utils``) but reach further where kvstudy's batches do:
-decode batches up to 1,024 sequences and token counts up to 65,536 per iteration.
+decode batches up to 1,024 sequences and token counts up to 65,536 per iteration (up to the context for a
+longer-context model). Past 4,096 tokens of context (only long-context models have any) the decode KV grid
+coarsens as Vidur's own sequence-length space does, and prefill chunks continue past Vidur's 8,192 on that
+space, so a 131,072-token model's attention file stays ~10 MB (45 MB at 64-token steps throughout).
 """
 from __future__ import annotations
 
@@ -33,23 +36,57 @@ NODES = {"a100_pairwise_nvlink": (2, 4), "a100_dgx": (2, 4, 8)}
 FLOAT_FORMAT = "%.6g"
 
 
+#: decode KV steps past FINE_KV tokens: Vidur's sequence-length space (vidur/profiling/utils.get_seq_lengths_to_profile,
+#: the contexts its profiler times decodes and full prefills at): 256 tokens to 64k, 1,024 to 512k, 4,096 to 4M, then 16k
+FINE_KV = 4096
+LONG_SEQ_STEPS = ((1 << 16, 256), (1 << 19, 1024), (1 << 22, 4096), (1 << 24, 16384))
+
+
+def _octaves(start: int, stop: int) -> List[int]:
+    """Vidur's NUM_TOKENS_SPACE rule past 1,024: each octave [2^k, 2^(k+1)] in steps of 2^k / 64."""
+    out, low = [], start
+    while low < stop:
+        out += list(range(low, min(2 * low, stop) + 1, low // 64))
+        low *= 2
+    return out
+
+
 def num_tokens_grid(max_tokens: int = MAX_TOKENS) -> np.ndarray:
-    """Vidur's NUM_TOKENS_SPACE (vidur/profiling/utils.get_num_tokens_to_profile), up to max_tokens."""
+    """Vidur's NUM_TOKENS_SPACE (vidur/profiling/utils.get_num_tokens_to_profile), up to max_tokens; past 65,536 (a
+    longer context than that) its octave rule continues (Vidur's own space: every 1,024 tokens to 131,072)."""
     space = ([1, 2, 4] + list(range(8, 1024, 8)) + list(range(1024, 2048 + 1, 16))
              + list(range(2048, 4096 + 1, 32)) + list(range(4096, 8192 + 1, 64))
              + list(range(8192, 16384 + 1, 128)) + list(range(16384, 32768 + 1, 256))
              + list(range(32768, 65536 + 1, 512)))
+    if max_tokens > 65536:
+        space += _octaves(65536, max_tokens)
     return np.array(sorted({n for n in space if n <= max_tokens}))
 
 
+def _long_seq(low: int, max_len: int) -> List[int]:
+    """Vidur's sequence-length space above ``low`` up to ``max_len``, and ``max_len`` itself."""
+    out, start = [], low
+    for end, step in LONG_SEQ_STEPS:
+        out += list(range(start + step, min(end, max_len) + 1, step))
+        start = max(start, end)
+    return sorted(set(out + [max_len])) if max_len > low else []
+
+
+def kv_grid(max_len: int) -> np.ndarray:
+    """Decode contexts: every KV_STEP tokens to FINE_KV, then Vidur's sequence-length steps (long contexts only)."""
+    return np.array(list(range(0, min(max_len, FINE_KV) + 1, KV_STEP)) + _long_seq(FINE_KV, max_len))
+
+
 def prefill_chunks(max_len: int) -> List[int]:
+    """Vidur's chunk space (32..8,192); a longer context continues on Vidur's sequence-length space to the context
+    (the lengths Vidur's profiler times full prefills at), so one prefill of a long prompt is profiled, not extrapolated."""
     space = list(range(32, 129, 32)) + list(range(256, 1025, 128)) + list(range(1536, 8193, 512))
-    return [c for c in space if c <= max_len]
+    return [c for c in space if c <= max_len] + _long_seq(8192, max_len)
 
 
 def mlp_profile(arch: ModelArch, calib: Dict, tps: Iterable[int], device: str = None) -> pd.DataFrame:
     frames = []
-    n = num_tokens_grid()
+    n = num_tokens_grid(max(MAX_TOKENS, arch.max_model_len))
     for tp in tps:
         times = op_times_from_calibration(arch, tp, n, calib, device)
         df = pd.DataFrame({f"time_stats.{op}.median": times[op] for op in gm.MLP_OPS})
@@ -73,8 +110,7 @@ def attention_profile(arch: ModelArch, device: gm.Device, tps: Iterable[int]) ->
             chunk.append(c)
             kv_pre.append(kv)
     chunk, kv_pre = np.array(chunk), np.array(kv_pre)
-    kv_grid = np.arange(0, max_len + 1, KV_STEP)
-    batch_dec, kv_dec = (a.ravel() for a in np.meshgrid(DECODE_BATCHES, kv_grid, indexing="ij"))
+    batch_dec, kv_dec = (a.ravel() for a in np.meshgrid(DECODE_BATCHES, kv_grid(max_len), indexing="ij"))
     frames = []
     for tp in tps:
         pre = pd.DataFrame({

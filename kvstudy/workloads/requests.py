@@ -22,6 +22,13 @@ class Requests:
     prompt_tokens: np.ndarray
     output_tokens: np.ndarray
     predicted_output_tokens: Optional[np.ndarray] = None  # from a trace's own column, if any
+    #: shared content (issue 36), per request a tuple of ``(key, length)`` pairs, or None: nobody shares anything.
+    #: The request's token sequence starts with its segments' concatenation; equal keys mean equal content and
+    #: length, so two requests agree on a prefix exactly when their segment lists do; tokens past the segments are the
+    #: request's own. Segments may reach past the prompt into the output (a session's answer, which the next turn's
+    #: prompt repeats). Prefix caching (memory.prefix_caching=true) keys its blocks by them
+    #: (kvstudy/memory/prefix.py ``BlockKeys``); Mooncake's ``hash_ids`` become 512-token segments.
+    segments: Optional[list] = None
 
     def __len__(self) -> int:
         return len(self.request_id)
@@ -60,8 +67,25 @@ def _int_column(values, name: str, source: str, minimum: int) -> np.ndarray:
     return arr.astype(np.int64)
 
 
+def check_segments(segments, source: str) -> list:
+    """Each row's segments as a tuple of (int key, int length >= 1) pairs; a bad row is named."""
+    out = []
+    for row, entry in enumerate(segments):
+        try:
+            pairs = tuple((int(k), int(n)) for k, n in entry)
+            ok = all(n >= 1 and n <= MAX_COUNT and float(k) == float(k0) and float(n) == float(n0)
+                     for (k, n), (k0, n0) in zip(pairs, entry))
+        except (TypeError, ValueError, OverflowError):
+            ok = False
+        if not ok:
+            raise DataError(f"{source}: column 'segments' row {row} has {str(entry)[:80]!r}; allowed: a list of "
+                            f"(key, length) pairs of whole numbers, length 1..{MAX_COUNT:,}")
+        out.append(pairs)
+    return out
+
+
 def make_requests(arrival_time, prompt_tokens, output_tokens, source: str, predicted=None,
-                  sort: str = "warn", request_id=None) -> Requests:
+                  sort: str = "warn", request_id=None, segments=None) -> Requests:
     """Validate and sort. Unsorted arrivals are re-sorted with a warning saying how many rows moved
     (``sort="warn"``) or rejected (``sort="error"``). ``request_id``: the ids to report (a trace's own id column,
     or its file rows); default the input position. Ids must be distinct whole numbers >= 0."""
@@ -87,4 +111,8 @@ def make_requests(arrival_time, prompt_tokens, output_tokens, source: str, predi
         raise DataError(f"{source}: column 'request_id' repeats id {int(values[counts > 1][0])} "
                         f"({int((counts > 1).sum())} id(s) repeated); allowed: distinct ids")
     ids = ids[order]
-    return Requests(ids, arrival[order], prompt[order], output[order], None if pred is None else pred[order])
+    if segments is not None:
+        segments = check_segments(segments, source)
+        segments = [segments[k] for k in order.tolist()]
+    return Requests(ids, arrival[order], prompt[order], output[order], None if pred is None else pred[order],
+                    segments)

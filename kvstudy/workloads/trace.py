@@ -5,6 +5,12 @@ Columns (any may be renamed through ``columns``, e.g. ``workload.columns.prompt_
 Vidur's processed-trace names (``num_prefill_tokens``, ``num_decode_tokens``, ``arrived_at``) are
 recognised without mapping. Timestamps: numbers in ``time_unit`` (s or ms), or ISO datetimes; they are
 shifted so the first request arrives at 0.
+
+Shared prefixes (issue 36): a ``hash_ids`` column (Mooncake's traces: per request the hashes of its prompt's
+``hash_block_size``-token blocks, chained as a prefix, so equal leading ids are a reusable prefix) becomes the
+requests' ``segments`` (kvstudy/memory/prefix.py ``mooncake_segments``: each id one block of ``hash_block_size``
+tokens, the last one the prompt's remainder), which ``memory.prefix_caching=true`` keys its blocks by. A
+``segments`` column (lists of [key, length] pairs) is read as it is.
 """
 from __future__ import annotations
 
@@ -16,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from kvstudy.errors import DataError
+from kvstudy.memory.prefix import mooncake_segments
 from kvstudy.workloads.requests import _int_column, regular_file
 
 ALIASES = {
@@ -24,6 +31,8 @@ ALIASES = {
     "arrival_time": ["arrival_time", "arrived_at", "timestamp"],                 # Mooncake's: ms (workload.time_unit=ms)
     "predicted_output_tokens": ["predicted_output_tokens"],
     "request_id": ["request_id"],
+    "hash_ids": ["hash_ids"],
+    "segments": ["segments"],
 }
 #: numeric timestamps read as seconds that span more than this are probably milliseconds (a warning says so)
 SUSPECT_SPAN_S = 7 * 86400
@@ -74,10 +83,28 @@ def _to_seconds(values: pd.Series, unit: str, source: str) -> np.ndarray:
 SAMPLING = ("with_replacement", "without_replacement")
 
 
+def _hash_segments(hash_ids: pd.Series, prompts: pd.Series, block: int, source) -> list:
+    """Mooncake's ``hash_ids`` as segments; a row with more ids than its prompt has blocks is named (its ids would
+    describe tokens the request does not have)."""
+    if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+        raise DataError(f"workload.hash_block_size={block!r}: a whole number of tokens >= 1 (Mooncake's: 512)")
+    out = []
+    for row, (ids, prompt) in enumerate(zip(hash_ids.tolist(), prompts.tolist())):
+        if not isinstance(ids, (list, tuple)) or not all(isinstance(h, int) and not isinstance(h, bool) for h in ids):
+            raise DataError(f"{source}: column 'hash_ids' row {row} has {str(ids)[:80]!r}; allowed: a list of "
+                            f"whole numbers (one per {block}-token block of the prompt)")
+        if len(ids) > -(-int(prompt) // block):
+            raise DataError(f"{source}: column 'hash_ids' row {row} has {len(ids)} ids for a prompt of {prompt} tokens "
+                            f"(at most {-(-int(prompt) // block)} blocks of workload.hash_block_size={block})")
+        out.append(mooncake_segments(ids, int(prompt), block))
+    return out
+
+
 def trace(path: str, columns: Optional[Dict[str, str]] = None, time_unit: str = "s",
           num_requests: Optional[int] = None, drop_over_context: bool = False,
           max_model_len: Optional[int] = None, sample: Optional[str] = None, rate_scale: float = 1.0,
-          rng: Optional[np.random.Generator] = None, over_context: str = "keep") -> pd.DataFrame:
+          rng: Optional[np.random.Generator] = None, over_context: str = "keep",
+          hash_block_size: int = 512) -> pd.DataFrame:
     """Read a trace.
 
     ``num_requests`` alone takes the first N rows. With ``sample`` (``with_replacement`` or
@@ -121,6 +148,8 @@ def trace(path: str, columns: Optional[Dict[str, str]] = None, time_unit: str = 
         raise DataError(f"{path}: no requests (the file has a header but no rows); allowed: at least one row")
     for field in ("prompt_tokens", "output_tokens"):  # here, before drops and sampling, a row is the file's row
         _int_column(df[field], field, path, 1)
+    if "hash_ids" in df:
+        df["segments"] = _hash_segments(df.pop("hash_ids"), df["prompt_tokens"], hash_block_size, path)
     if "request_id" not in df:
         df["request_id"] = np.arange(len(df))  # the file's row, kept through drops and sampling
     if "arrival_time" in df:

@@ -13,20 +13,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kvstudy.memory.prefix import BlockKeys, PrefixCache, mooncake_segments  # noqa: E402
+from kvstudy.memory.prefix import lru_hit_rate  # noqa: E402
 from kvstudy.paths import SHARED_REFERENCE  # noqa: E402
 
 
 def hit_rate(trace, num_blocks: int, block: int = 16) -> float:
-    cache, make, hit, total = PrefixCache(num_blocks), BlockKeys(block), 0, 0
-    for i, r in enumerate(trace):
-        prompt = r["input_length"]
-        blocks = min(-(-(prompt + r["output_length"]) // block), num_blocks)
-        keys = make(mooncake_segments(r["hash_ids"], prompt), prompt)[:blocks]
-        hit += cache.acquire(i, keys, blocks, most=(prompt - 1) // block) * block
-        total += prompt
-        cache.release(i)
-    return hit / total
+    return lru_hit_rate([r["hash_ids"] for r in trace], [r["input_length"] for r in trace],
+                        [r["output_length"] for r in trace], num_blocks, block)
 
 
 def main(argv=None) -> int:

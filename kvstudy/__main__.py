@@ -17,6 +17,17 @@ def _time_unit(summary: dict) -> str:
     return "rounds" if (summary.get("latency") or {}).get("name") == "unit" else "s"
 
 
+def _peak_kv(summary: dict) -> str:
+    """Peak KV in use against capacity; with prefix caching the distinct blocks (a shared block once), beside the sum
+    of the requests' contexts (``kv_tokens_in_use`` counts a shared prefix once per request)."""
+    memory = summary.get("memory") or {}
+    if "prefix_hit_rate" in summary and "block_size" in memory:
+        bs = memory["block_size"]
+        return (f"{summary['peak_blocks_used'] * bs} / {memory['num_blocks'] * bs} in distinct blocks "
+                f"({summary['peak_kv_tokens']} summed over requests, shared prefixes once per request)")
+    return f"{summary['peak_kv_tokens']} / {summary['capacity_tokens']}"
+
+
 def _print_summary(summary: dict, folder: str) -> None:
     unit = _time_unit(summary)
     rows = [("status", summary["status"]), ("policy", summary.get("policy")),
@@ -27,7 +38,7 @@ def _print_summary(summary: dict, folder: str) -> None:
             rows.append((f"{key} ({unit})", f"mean {st['mean']:.4g}  median {st['median']:.4g}  p90 {st['p90']:.4g}  "
                                             f"p99 {st['p99']:.4g}"))
     rows += [(f"throughput (tokens/{'round' if unit == 'rounds' else 's'})", f"{summary['throughput_tokens_per_time'] or 0:.4g}"),
-             ("peak KV tokens", f"{summary['peak_kv_tokens']} / {summary['capacity_tokens']}"),
+             ("peak KV tokens", _peak_kv(summary)),
              ("iterations", summary["iterations"])]
     if "preemptions_swap" in summary:  # memory=paged: preemptions by mode (and an admission policy's clearings)
         rows.append(("preemptions", f"{summary['preemptions_recompute']} recompute, {summary['preemptions_swap']} swap"

@@ -165,6 +165,8 @@ def _prefix() -> Tuple[Step, ...]:
     return (_sweep("prefix_mooncake", item="Mooncake's conversation trace: capacity x load x policy", seconds=1500),
             _sweep("prefix_mooncake", "+policy=vllm", "memory.prefix_caching=false", item="the same without a cache",
                    seconds=400),
+            _sweep("prefix_mooncake", "+policy=sarathi,sarathi_lpm", item="the same with chunked prefill, FCFS and LPM",
+                   seconds=900),
             _sweep("prefix_sessions", item="real multi-turn conversations: capacity x session rate x policy",
                    seconds=300),
             _sweep("prefix_sessions", "+policy=vllm", "memory.prefix_caching=false", item="the same without a cache",

@@ -34,7 +34,8 @@ One iteration:
 
 Rejected up front, each with ``reject_reason``: a request the memory model can never serve (``memory.rejection``);
 on paged memory also, when preempted, a request whose recompute (prompt + generated tokens) can_allocate calls
-NEVER (vLLM ignores such a prompt). ``stall_limit`` iterations in a row without a token, or clearing events in a row
+NEVER (vLLM ignores such a prompt). ``stall_limit`` iterations in a row without a token (a chunk that takes a prefill
+further than it ever got counts as progress), or clearing events in a row
 without a completed request, end the run ``no_progress``; a policy that runs nothing on an idle engine with nothing
 left to arrive ends ``stalled``.
 """
@@ -570,6 +571,9 @@ class StepEngine:
         self.decode_ctx = 0  # sum of s + generated - 1 over running requests past their prefill (cached contexts)
         self.decode_prompts = 0  # sum of s over the same requests (decode_ctx + their count - this: their tokens)
         self.prefill_kv = 0  # KV tokens of running requests still in their prefill
+        #: the furthest each request's prefill has got in any life: a chunk beyond it is progress (engine.stall_limit
+        #: counts iterations without a token, but a prompt longer than stall_limit chunks takes more than that)
+        self.furthest = [0] * n
         self.reason = [""] * n
         out = r.output_tokens.tolist()
         adapted = self.adapted
@@ -853,9 +857,13 @@ class StepEngine:
                 for i in finished:
                     left_ctx += s[i] + o[i] - 1
                     left_prompts += s[i]
-                done_at_prefill, produced, prefill_tokens = 0, n_dec, 0
+                done_at_prefill, produced, prefill_tokens, advanced = 0, n_dec, 0, False
+                furthest = self.furthest
                 for i, chunk in prefills:
                     p = prefilled[i] + chunk
+                    if p > furthest[i]:  # a chunk past where this request's prefill ever got: progress, no token yet
+                        furthest[i] = p
+                        advanced = True
                     prefilled[i] = p
                     prefill_tokens += chunk
                     self.prefill_kv += chunk
@@ -905,7 +913,7 @@ class StepEngine:
                 completed += len(finished)
                 if bar is not None and finished:
                     bar.update(len(finished))  # tqdm redraws at most every mininterval
-                no_token = 0 if produced else no_token + 1
+                no_token = 0 if produced or advanced else no_token + 1
                 t = end
                 view.last_iteration_seconds = dt
                 step += 1

@@ -45,10 +45,12 @@ def test_a_fully_cached_prompt_still_computes_its_last_token():
     c = PrefixCache(20)
     c.acquire(0, keys, 5)
     c.release(0)
-    # the same prompt again: 4 blocks cached, at most (64 - 1) // 16 = 3 reused; the 4th is computed again beside
-    # its cached copy (the request's own block)
-    assert c.acquire(1, keys, 5, most=(64 - 1) // 16) == 3
-    assert c.keys[1] == keys[:3] and c.done[1] == 4 and c.private[1] == 2 and c.used == 5
+    # the same prompt again: 4 blocks cached, at most (64 - 1) // 16 = 3 reused; the 4th is computed again, and once
+    # computed the request's copy is freed for the cached one (vLLM V0)
+    assert c.acquire(1, keys, 5, most=(64 - 1) // 16, upto=3) == 3
+    assert c.keys[1] == keys[:3] and c.private[1] == 2 and c.used == 5
+    c.advance(1, 4)
+    assert c.keys[1] == keys and c.done[1] == 4 and c.private[1] == 1 and c.used == 5 and not c.evictor
 
 
 def test_recompute_after_preemption_reuses_its_own_blocks():
@@ -150,6 +152,38 @@ def test_mooncake_traces_load_as_traces():
         row = rows[int(rid)]
         assert (prompt, output) == (row["input_length"], row["output_length"])
         assert arrival == pytest.approx(row["timestamp"] / 1000)
+
+
+def test_a_block_cached_meanwhile_is_shared_and_the_copy_freed():
+    """B starts while A's prefill has scheduled only A's first block: B computes block 2 too. When A's second block is
+    scheduled, its key is cached (B's): A's copy is freed and A shares B's (vLLM V0)."""
+    c = PrefixCache(20)
+    c.acquire(0, ["a", "b", "c"], 3, upto=1)
+    assert c.acquire(1, ["a", "b"], 3) == 1 and c.used == 5
+    c.advance(0, 3)
+    assert c.ref == {"a": 2, "b": 2, "c": 1} and c.used == 4 and c.private == {0: 0, 1: 1}
+
+
+def test_shared_blocks_behind_an_evictable_one_are_not_counted_as_shared():
+    """A start's hit [x (evictable), y (in use)]: an allocation before it in the same step may evict x and end its hit
+    there, so new_blocks counts y as new (an upper bound); with x in use too, both are shared."""
+    c = PrefixCache(10)
+    c.acquire(0, ["x"], 1)
+    c.release(0)  # x in the evictor
+    c.acquire(1, ["w", "y"], 2)
+    c.ref["y"] = c.ref.pop("w")  # a state a request's lost prefix could leave: y in use while x is evictable
+    assert c.hit(["x", "y"]) == 2 and c.new_blocks(["x", "y"], 3) == 3
+    c.acquire(2, ["x"], 1)  # x in use
+    assert c.new_blocks(["x", "y"], 3) == 1
+
+
+def test_the_evictors_order_stays_small_when_nothing_is_evicted():
+    c = PrefixCache(1000)
+    for i in range(20000):
+        c.acquire(i, ["p", "q"], 2)
+        c.release(i)
+    assert len(c.evictor.order) - c.evictor.head < 4096 + 2 * len(c.evictor) + 2
+    assert list(c.evictor) == ["q", "p"]
 
 
 def test_block_keys_equal_a_block_by_block_count():

@@ -145,3 +145,11 @@ def test_prefix_aware_mcsf_counts_shared_blocks_once(tmp_path):
         starts[policy] = bool(req.first_scheduled_time[1] < req.completion_time[0])
         assert int(result.iterations.blocks_used.max()) <= 20 and summary["status"] == "completed"
     assert starts == {"mcsf": False, "mcsf_prefix": True}
+
+
+def test_a_prompt_longer_than_the_stall_limit_in_chunks_completes(tmp_path):
+    """Sarathi prefills a 400-token prompt in 16-token chunks: 25 iterations without a token, more than
+    engine.stall_limit=5, each taking the prefill further than it got: progress, not a stall."""
+    result, summary = run(tmp_path, [row(0.0, 400, 3, [1]), row(0.0, 40, 3, [2])], "memory.capacity_tokens=1024",
+                          "policy.chunk_size=16", "engine.stall_limit=5", policy="sarathi")
+    assert summary["status"] == "completed" and (result.requests.state == "done").all()

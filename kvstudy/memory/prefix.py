@@ -13,9 +13,12 @@ tests/test_prefix_cache.py.
   ``most`` blocks: a prefill computes at least the prompt's last token), taken back from the evictor or shared with
   their users, plus new blocks for the rest. Its other full blocks are cached as they are scheduled
   (``advance(i, full_blocks)``; vLLM v1 caches a block when the step that fills it is scheduled, so a request
-  scheduled later in the same step can hit it), unless a block of the same key is cached already (then the request's
-  copy is its own, as in vLLM). ``release(i)`` drops its references: its keyed blocks nobody else uses go to the
-  evictor, tail first (a prefix is evicted after its continuation), the others are freed at once.
+  scheduled later in the same step can hit it); if a block of the same key was cached meanwhile, the request's copy
+  is freed and it shares the cached one (vLLM V0's allocator; v1 would keep both). ``release(i)`` drops its
+  references: its keyed blocks nobody else uses go to the evictor, tail first (a prefix is evicted after its
+  continuation), the others are freed at once. A new block comes from free blocks holding no cached prefix first,
+  and only then evicts (vLLM V0's evictor; v1 takes the least recently freed block whatever it holds, so at the same
+  capacity v1 keeps fewer prefixes).
 
 Memory: ``used`` = distinct blocks referenced by a request (keyed blocks once, plus each request's own);
 ``free`` = ``num_blocks - used`` (cached blocks in the evictor included, as vLLM counts them); ``used`` never
@@ -57,13 +60,24 @@ class LruKeys:
     def keys(self):
         return self.where.keys()
 
+    def _compact(self) -> None:
+        """Rebuild ``order`` from the present keys when stale entries outnumber them (keys taken back by hits leave
+        stale entries that only eviction would otherwise consume)."""
+        live = list(self)
+        self.order, self.head, self.base = live, 0, 0
+        self.where = dict(zip(live, range(len(live))))
+
     def extend(self, keys: Sequence[Hashable]) -> None:
         """Add ``keys`` at the end, in their order (the first of them leaves first)."""
+        if len(self.order) - self.head > 4096 + 2 * len(self.where):
+            self._compact()
         start = self.base + len(self.order)
         self.order.extend(keys)
         self.where.update(zip(keys, range(start, start + len(keys))))
 
     def add(self, key: Hashable) -> None:
+        if len(self.order) - self.head > 4096 + 2 * len(self.where):
+            self._compact()
         self.where[key] = self.base + len(self.order)
         self.order.append(key)
 
@@ -148,10 +162,17 @@ class PrefixCache:
     def new_blocks(self, keys: Sequence[Hashable], blocks: int, most: int = None, dropped=()) -> int:
         """Blocks of free memory a request of ``blocks`` blocks whose full blocks are ``keys`` would take now (its
         hit at most ``most`` blocks): every block it does not share with a running request (a hit in the evictor
-        leaves the free pool too). ``dropped``: keys whose users all leave first (they are not shared then)."""
+        leaves the free pool too). ``dropped``: keys whose users all leave first (they are not shared then). Shared
+        blocks count only up to the first hit in the evictor: an allocation made before this one in the same step may
+        evict that block, and the hit ends there (so this is an upper bound whatever happens first)."""
         n = self.hit(keys, most)
-        ref = self.ref
-        return blocks - sum(1 for key in keys[:n] if key in ref and key not in dropped)
+        ref, shared = self.ref, 0
+        for key in keys[:n]:
+            if key not in ref:
+                break  # in the evictor: an allocation before this one may evict it, ending the hit here
+            if key not in dropped:
+                shared += 1
+        return blocks - shared
 
     def freed_by(self, i: int) -> int:
         """Blocks that become free if request i alone gives its blocks back (shared ones stay in use)."""
@@ -201,8 +222,9 @@ class PrefixCache:
         return hit
 
     def advance(self, i: int, full_blocks: int) -> None:
-        """Request i's blocks below ``full_blocks`` are computed (or scheduled): each with a key is cached under it,
-        unless that key is cached already (the request's copy stays its own, vLLM's duplicate block)."""
+        """Request i's blocks below ``full_blocks`` are computed (or scheduled): each with a key is cached under it;
+        if that key is cached already (another request computed the same block meanwhile), the request's copy is
+        freed and it shares the cached block (vLLM V0's ``promote_to_immutable_block``)."""
         start = self.done[i]
         end = min(full_blocks, len(self.pending[i]))
         if end <= start:
@@ -216,15 +238,22 @@ class PrefixCache:
             added = len(new)
             if self.users is not None:
                 self.users.update((key, [i]) for key in new)
-        else:
+        else:  # some are cached already: vLLM V0 frees the request's copy and shares the cached block
             added = 0
             for key in new:
-                if key not in ref and key not in evictor:
+                if key in ref:
+                    ref[key] += 1
+                    self.used -= 1  # its own copy is freed
+                    if self.users is not None:
+                        self._hold(key, i)
+                else:
+                    if key in evictor:
+                        evictor.remove(key)  # the cached copy back in use, the request's own freed: used unchanged
                     ref[key] = 1
-                    taken.append(key)
-                    added += 1
                     if self.users is not None:
                         self.users[key] = [i]
+                taken.append(key)
+                added += 1
         self.private[i] -= added
 
     def grow(self, i: int, blocks: int = 1) -> None:
@@ -321,6 +350,21 @@ def mooncake_segments(hash_ids: Sequence[int], prompt_tokens: int, trace_block: 
     content: never shared with a longer block of the same id)."""
     return [(int(h), min(trace_block, int(prompt_tokens) - t * trace_block)) for t, h in enumerate(hash_ids)
             if t * trace_block < prompt_tokens]
+
+
+def lru_hit_rate(hash_ids_list: Sequence[Sequence[int]], prompts: Sequence[int], outputs: Sequence[int],
+                 num_blocks: int, block_size: int = 16, trace_block: int = 512) -> float:
+    """The cache alone, before any scheduler: the share of prompt tokens an LRU block cache of ``num_blocks`` blocks
+    serves if the requests run one at a time in their order, each holding its blocks (prompt + output) only while it
+    runs (bench/prefix_hits.py, notebook 05)."""
+    cache, make, hit, total = PrefixCache(num_blocks), BlockKeys(block_size), 0, 0
+    for i, (ids, prompt, output) in enumerate(zip(hash_ids_list, prompts, outputs)):
+        blocks = min(-(-(prompt + output) // block_size), num_blocks)
+        keys = make(mooncake_segments(ids, prompt, trace_block), prompt)[:blocks]
+        hit += cache.acquire(i, keys, blocks, most=(prompt - 1) // block_size) * block_size
+        total += prompt
+        cache.release(i)
+    return hit / total if total else 0.0
 
 
 def reusable_tokens(hash_ids_list: Sequence[Sequence[int]], prompts: Sequence[int], trace_block: int = 512,

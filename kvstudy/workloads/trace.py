@@ -14,6 +14,7 @@ tokens, the last one the prompt's remainder), which ``memory.prefix_caching=true
 """
 from __future__ import annotations
 
+import json
 import warnings
 from pathlib import Path
 from typing import Dict, Optional
@@ -90,6 +91,13 @@ def _hash_segments(hash_ids: pd.Series, prompts: pd.Series, block: int, source) 
         raise DataError(f"workload.hash_block_size={block!r}: a whole number of tokens >= 1 (Mooncake's: 512)")
     out = []
     for row, (ids, prompt) in enumerate(zip(hash_ids.tolist(), prompts.tolist())):
+        if isinstance(ids, str):  # a CSV cell: "[3, 4, 5]"
+            try:
+                ids = json.loads(ids)
+            except ValueError:
+                pass
+        if hasattr(ids, "tolist"):  # parquet: a numpy array per row
+            ids = ids.tolist()
         if not isinstance(ids, (list, tuple)) or not all(isinstance(h, int) and not isinstance(h, bool) for h in ids):
             raise DataError(f"{source}: column 'hash_ids' row {row} has {str(ids)[:80]!r}; allowed: a list of "
                             f"whole numbers (one per {block}-token block of the prompt)")

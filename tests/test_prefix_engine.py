@@ -153,3 +153,21 @@ def test_a_prompt_longer_than_the_stall_limit_in_chunks_completes(tmp_path):
     result, summary = run(tmp_path, [row(0.0, 400, 3, [1]), row(0.0, 40, 3, [2])], "memory.capacity_tokens=1024",
                           "policy.chunk_size=16", "engine.stall_limit=5", policy="sarathi")
     assert summary["status"] == "completed" and (result.requests.state == "done").all()
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".csv", ".jsonl"])
+def test_hash_ids_read_from_every_trace_format(tmp_path, suffix):
+    import pandas as pd
+
+    from kvstudy.workloads.trace import trace
+
+    df = pd.DataFrame([row(0.0, 40, 2, [1, 2, 3]), row(1.0, 20, 2, [1, 9])])
+    path = tmp_path / f"t{suffix}"
+    {".parquet": lambda: df.to_parquet(path), ".csv": lambda: df.to_csv(path, index=False),
+     ".jsonl": lambda: df.to_json(path, orient="records", lines=True)}[suffix]()
+    out = trace(str(path), hash_block_size=16)
+    assert out["segments"].tolist() == [[(1, 16), (2, 16), (3, 8)], [(1, 16), (9, 4)]]
+    bad = pd.DataFrame([row(0.0, 20, 2, [1, 2, 3])])
+    bad.to_json(tmp_path / "bad.jsonl", orient="records", lines=True)
+    with pytest.raises(KvStudyError, match="row 0 has 3 ids for a prompt of 20 tokens"):
+        trace(str(tmp_path / "bad.jsonl"), hash_block_size=16)

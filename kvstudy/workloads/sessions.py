@@ -331,6 +331,16 @@ def text_tokens(chars: np.ndarray, chars_per_token: float) -> np.ndarray:
     return np.maximum(1, np.rint(np.asarray(chars) / chars_per_token)).astype(np.int64)
 
 
+
+def _room(max_model_len: int, key: str, shared: int, what: str) -> int:
+    """Tokens of the model's context a shared prefix of ``shared`` tokens leaves for ``what`` and its answer (at least
+    2, else one error naming ``workload.<key>``)."""
+    room = max_model_len - shared
+    if room < 2:
+        raise ConfigError(f"workload.{key}={shared}: leaves {room} tokens of the model's context "
+                          f"max_model_len={max_model_len} for {what} and its answer; allowed at most {max_model_len - 2}")
+    return room
+
 def sessions(rng: Optional[np.random.Generator] = None, max_model_len: int = 4096, num_sessions: int = 600,
              mean_turns: float = 3.5, max_turns: int = 20, session_rate: float = 0.1, think_time: float = 20.0,
              answer_seconds_per_token: float = 0.065, system_prompt_tokens: int = 0, num_system_prompts: int = 1,
@@ -363,11 +373,7 @@ def sessions(rng: Optional[np.random.Generator] = None, max_model_len: int = 409
         if source != owner and value != default:
             raise ConfigError(f"workload.{key}={value!r}: used with workload.source={owner} only ({why}); with "
                               f"workload.source={source} leave it at {default!r}")
-    room = max_model_len - system_prompt_tokens
-    if room < 2:
-        raise ConfigError(f"workload.system_prompt_tokens={system_prompt_tokens}: leaves {room} tokens of the model's "
-                          f"context max_model_len={max_model_len} for a message and its answer; allowed at most "
-                          f"{max_model_len - 2}")
+    room = _room(max_model_len, "system_prompt_tokens", system_prompt_tokens, "a message")
     rng = _rng(rng, "sessions")
     if source == "composed":
         lengths = Lengths(path, room, "sessions",
@@ -466,11 +472,7 @@ def shared_prompt(rng: Optional[np.random.Generator] = None, max_model_len: int 
     _need(_whole(prefix_tokens) and 0 <= prefix_tokens <= 1 << 24, "prefix_tokens", prefix_tokens,
           "a whole number >= 0 and <= 16,777,216 (tokens)")
     _need(_number(zipf_s) and 0 <= zipf_s <= 100, "zipf_s", zipf_s, "a number >= 0 and <= 100 (0: uniform)")
-    room = max_model_len - prefix_tokens
-    if room < 2:
-        raise ConfigError(f"workload.prefix_tokens={prefix_tokens}: leaves {room} tokens of the model's context "
-                          f"max_model_len={max_model_len} for a question and its answer; allowed at most "
-                          f"{max_model_len - 2}")
+    room = _room(max_model_len, "prefix_tokens", prefix_tokens, "a question")
     rng = _rng(rng, "shared_prompt")
     lengths = Lengths(path, room, "shared_prompt",
                       f"workload.prefix_tokens={prefix_tokens} with max_model_len={max_model_len}")

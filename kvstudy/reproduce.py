@@ -1,4 +1,4 @@
-"""``python -m kvstudy.reproduce mcsf|rr_sjf|cacheopt|all [--dry-run] [--figures-only] [--jobs N] [--gallery]
+"""``python -m kvstudy.reproduce mcsf|rr_sjf|cacheopt|prefix|all [--dry-run] [--figures-only] [--jobs N] [--gallery]
 [-- OVERRIDES]``
 
 One command per paper: every experiment of the paper (the table ``PAPERS`` below, the one list of them), one after

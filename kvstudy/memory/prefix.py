@@ -29,6 +29,7 @@ whether an allocation fits: evictor blocks are free blocks.
 from __future__ import annotations
 
 from collections import Counter, deque
+from itertools import repeat
 from typing import Dict, Hashable, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 
@@ -118,6 +119,7 @@ class PrefixCache:
         #: with ``track_users()``: keyed block in use -> the requests holding it, and the keys two or more hold
         self.users: Optional[Dict[Hashable, list]] = None
         self.multi: Optional[Dict[Hashable, None]] = None
+        self.multi_version = 0  # changes whenever a block two or more requests hold gains or loses one
 
     def track_users(self) -> None:
         """Keep who holds each keyed block (a policy weighing shared blocks by their holders asks for it: MC-SF's
@@ -127,8 +129,9 @@ class PrefixCache:
     def _hold(self, key: Hashable, i: int) -> None:
         us = self.users.setdefault(key, [])
         us.append(i)
-        if len(us) == 2:
+        if len(us) >= 2:
             self.multi[key] = None
+            self.multi_version += 1
 
     def _drop(self, key: Hashable, i: int) -> None:
         us = self.users[key]
@@ -137,6 +140,9 @@ class PrefixCache:
             del self.users[key]
         elif len(us) == 1:
             self.multi.pop(key, None)
+            self.multi_version += 1
+        else:
+            self.multi_version += 1
 
     # --- queries ------------------------------------------------------------------------------------------
     @property
@@ -237,7 +243,7 @@ class PrefixCache:
             taken.extend(new)
             added = len(new)
             if self.users is not None:
-                self.users.update((key, [i]) for key in new)
+                self.users.update(zip(new, map(list, zip(repeat(i, len(new))))))
         else:  # some are cached already: vLLM V0 frees the request's copy and shares the cached block
             added = 0
             for key in new:

@@ -99,16 +99,24 @@ class _View(SchedulerView):
         holds and is predicted to hold longer (``d``: decode rounds left; ties: the earlier admitted is charged): a
         shared block charged once, to its longest-lived holder."""
         cache, running = self._sv.memory.cache, self._sv.running
-        dup = np.zeros(len(running), dtype=np.int64)
         if not cache.multi:
-            return dup
+            return np.zeros(len(running), dtype=np.int64)
+        # the owners change only when who holds a shared block changes, or the running list does (every running
+        # request decodes each step, so the order of their d does not change): reuse the last answer until then
+        memo = self._a._duplicates
+        if memo is not None and memo[0] == cache.multi_version and memo[1] == running:
+            return memo[2]
+        dup = np.zeros(len(running), dtype=np.int64)
         where = {i: k for k, i in enumerate(running)}
+        rank = {i: (-d[k], k) for i, k in where.items()}
+        users = cache.users
         for key in cache.multi:
-            pos = [where[i] for i in cache.users[key]]
-            owner = min(pos, key=lambda k: (-d[k], k))
-            for k in pos:
-                if k != owner:
-                    dup[k] += 1
+            us = users[key]
+            owner = min(us, key=rank.__getitem__)
+            for i in us:
+                if i != owner:
+                    dup[where[i]] += 1
+        self._a._duplicates = (cache.multi_version, list(running), dup)
         return dup
 
     def shared_tokens(self, pos: int, predicted: int) -> int:
@@ -121,12 +129,14 @@ class _View(SchedulerView):
         i = a._waiting[pos]
         tokens = sv.prompt[i] + sv.waiting_generated[i]
         keys = mem.keys(i, tokens)
-        run = self.running_predicted - self.running_generated - 1 if users else None
-        where = {j: k for k, j in enumerate(sv.running)} if users else None
+        if users and "_left" not in self.__dict__:  # once per view: each running request's decode rounds left
+            left = (self.running_predicted - self.running_generated - 1).tolist()
+            self._left = dict(zip(sv.running, left))
+        left = self.__dict__.get("_left")
         n, most = 0, min(len(keys), (tokens - 1) // mem.block_size)
         while n < most:
             us = users.get(keys[n])
-            if not us or max(run[where[j]] for j in us) < predicted:
+            if not us or max(left[j] for j in us) < predicted:
                 break
             n += 1
         return n * mem.block_size
@@ -204,6 +214,7 @@ class Admission(StepPolicy):
         self._by_pred = [] if getattr(self.policy, "waiting_order", None) == "predicted" else None
         self._arrived = 0
         self._returned: List[int] = []  # overflow victims, to re-enter the orders at the next step
+        self._duplicates = None  # MC-SF's prefix-aware eq. (5): the last duplicate_blocks answer and when it was made
         self._n = 0
         self._prompt = None
 

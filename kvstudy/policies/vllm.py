@@ -33,7 +33,7 @@ from typing import List, Optional
 
 from kvstudy.errors import ConfigError
 from kvstudy.memory.paged import LATER, NEVER
-from kvstudy.policies.cache_orders import ORDERS, ordered
+from kvstudy.policies.cache_orders import LPM_MAX_QUEUE, ORDERS, ordered
 from kvstudy.policies.step import RECOMPUTE, SWAP, Decision, StepPolicy, StepView
 
 
@@ -169,11 +169,12 @@ class VLLM(StepPolicy):
     def _head_fits(self, view: StepView) -> bool:
         """False when the head of the waiting queue cannot start now (LATER, or the seq cap): under load that
         is most steps, and ``_schedule_prefills`` would stop at once. A cache-aware order asks whether the
-        smallest waiting request could start (its head is known only once the order is computed)."""
+        smallest waiting request could start (its head is known only once the order is computed), unless the order
+        is FCFS anyway (LPM above 128 waiting requests)."""
         if len(view.running) >= self.max_num_seqs:
             return False
         mem = view.memory
-        if self.waiting_order != "fcfs":
+        if self.waiting_order != "fcfs" and not (self.waiting_order == "lpm" and len(view.waiting) > LPM_MAX_QUEUE):
             blocks = -(-min(view.prompt[i] + view.waiting_generated[i] for i in view.waiting) // mem.block_size)
             return mem.free - blocks >= mem.watermark_blocks or mem.num_blocks - blocks < mem.watermark_blocks
         i = view.waiting[0]

@@ -204,8 +204,10 @@ class PagedMemory:
         held = self.gpu.get(i, 0)
         if self.cache is not None:
             self.gpu.pop(i, None)
-            full = computed // self.block_size
-            self.cache.release(i, full, self._full_keys(i, computed))
+            if self.segments is None or not self.segments[i]:
+                self.cache.release(i)
+            else:
+                self.cache.release(i, computed // self.block_size, self._full_keys(i, computed))
             self.used = self.cache.used
             return held
         if self.loans:
@@ -268,11 +270,15 @@ class PagedMemory:
         """Request i starts a prefill of ``tokens`` tokens: it takes its blocks, its cached prefix shared or taken
         back from the evictor; returns the tokens it skips. The engine then caches the blocks each chunk fills as
         it schedules it (``advance``; vLLM v1 caches at scheduling)."""
+        blocks = self.gpu[i] = self.blocks(tokens)
+        if self.segments is None or not self.segments[i]:  # it shares nothing: blocks of its own, nothing to look up
+            self.cache.grow(i, blocks)
+            self.used = self.cache.used
+            return 0
         keys = self.keys(i, tokens)
         self._memo.pop(i, None)
         bs = self.block_size
-        hit = self.cache.acquire(i, keys, self.blocks(tokens), (tokens - 1) // bs, upto=0)
-        self.gpu[i] = self.blocks(tokens)
+        hit = self.cache.acquire(i, keys, blocks, (tokens - 1) // bs, upto=0)
         self.used = self.cache.used
         return hit * bs
 

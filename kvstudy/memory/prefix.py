@@ -283,6 +283,9 @@ class PrefixCache:
         taken, own = self.keys.pop(i, []), self.private.pop(i, 0)
         self.pending.pop(i, None)
         self.done.pop(i, None)
+        if not taken:  # nothing cached: its own blocks are freed
+            self.used -= own
+            return own
         ref, evictor, users = self.ref, self.evictor, self.users
         if users is not None:
             for key in taken:

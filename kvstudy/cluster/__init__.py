@@ -1,0 +1,1 @@
+"""Several replicas behind a router (issue 37, started): kvstudy/cluster/routers.py."""

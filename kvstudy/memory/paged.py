@@ -204,7 +204,7 @@ class PagedMemory:
         held = self.gpu.get(i, 0)
         if self.cache is not None:
             self.gpu.pop(i, None)
-            if self.segments is None or not self.segments[i]:
+            if self._segments(i) is None:
                 self.cache.release(i)
             else:
                 self.cache.release(i, computed // self.block_size, self._full_keys(i, computed))
@@ -234,12 +234,16 @@ class PagedMemory:
         return blocks
 
     # --- prefix caching (``prefix_caching=true``; the engine calls these only then) ---------------------------
+    def _segments(self, i: int):
+        """Request i's shared content (``Requests.segments``), or None: it shares nothing."""
+        return self.segments[i] if self.segments is not None and self.segments[i] else None
+
     def keys(self, i: int, tokens: int) -> list:
         """Keys of request i's full blocks within its first ``tokens`` tokens (empty: it shares nothing)."""
         memo = self._memo.get(i)
         if memo is not None and memo[0] == tokens:
             return memo[1]
-        segments = self.segments[i] if self.segments is not None else None
+        segments = self._segments(i)
         keys = self._keys(segments, tokens) if segments else []
         if len(self._memo) > 4096:  # planning policies ask about many waiting requests: keep the memo small
             self._memo.clear()
@@ -248,7 +252,7 @@ class PagedMemory:
 
     def _full_keys(self, i: int, computed: int):
         """Keys of the blocks a leaving request filled beyond those it started with (None: nothing new)."""
-        segments = self.segments[i] if self.segments is not None else None
+        segments = self._segments(i)
         have = len(self.cache.pending.get(i, ()))
         if not segments or computed // self.block_size <= have \
                 or sum(n for _, n in segments) // self.block_size <= have:  # no key beyond those it has
@@ -271,7 +275,7 @@ class PagedMemory:
         back from the evictor; returns the tokens it skips. The engine then caches the blocks each chunk fills as
         it schedules it (``advance``; vLLM v1 caches at scheduling)."""
         blocks = self.gpu[i] = self.blocks(tokens)
-        if self.segments is None or not self.segments[i]:  # it shares nothing: blocks of its own, nothing to look up
+        if self._segments(i) is None:  # it shares nothing: blocks of its own, nothing to look up
             self.cache.grow(i, blocks)
             self.used = self.cache.used
             return 0

@@ -76,12 +76,6 @@ class LruKeys:
         self.order.extend(keys)
         self.where.update(zip(keys, range(start, start + len(keys))))
 
-    def add(self, key: Hashable) -> None:
-        if len(self.order) - self.head > 4096 + 2 * len(self.where):
-            self._compact()
-        self.where[key] = self.base + len(self.order)
-        self.order.append(key)
-
     def remove(self, key: Hashable) -> None:
         del self.where[key]
 
@@ -109,9 +103,8 @@ class PrefixCache:
         self.num_blocks = int(num_blocks)
         self.ref: Dict[Hashable, int] = {}                    # keyed block in use -> its users
         self.evictor = LruKeys()  # cached, unused: least recently released first
-        self.keys: Dict[int, list] = {}                       # request -> keys of the cached blocks it holds
-        self.done: Dict[int, int] = {}                        # request -> its full blocks registered so far (those
-        #                                                       not in keys: its own copies of blocks cached already)
+        self.keys: Dict[int, list] = {}                       # request -> keys of the cached blocks it holds, by
+        #                                                       position: its full blocks registered so far
         self.pending: Dict[int, Sequence[Hashable]] = {}      # request -> keys of all its full blocks (by position)
         self.private: Dict[int, int] = {}                     # request -> its blocks without a key reference
         self.used = 0
@@ -153,9 +146,6 @@ class PrefixCache:
     def cached_blocks(self) -> int:
         """Blocks holding a cached (keyed) prefix: in use or in the evictor."""
         return len(self.ref) + len(self.evictor)
-
-    def cached(self, key: Hashable) -> bool:
-        return key in self.ref or key in self.evictor
 
     def hit(self, keys: Sequence[Hashable], most: int = None) -> int:
         """The number of leading ``keys`` (at most ``most``) whose blocks are cached (in use or in the evictor)."""
@@ -223,7 +213,7 @@ class PrefixCache:
         own = blocks - hit
         self._make_room(own)
         self.used += own
-        self.keys[i], self.pending[i], self.private[i], self.done[i] = taken, keys, own, hit
+        self.keys[i], self.pending[i], self.private[i] = taken, keys, own
         self.advance(i, len(keys) if upto is None else upto)
         return hit
 
@@ -231,21 +221,19 @@ class PrefixCache:
         """Request i's blocks below ``full_blocks`` are computed (or scheduled): each with a key is cached under it;
         if that key is cached already (another request computed the same block meanwhile), the request's copy is
         freed and it shares the cached block (vLLM V0's ``promote_to_immutable_block``)."""
-        start = self.done[i]
+        taken = self.keys[i]  # every full block registered so far, one key each (a copy of a cached one shares it)
+        start = len(taken)
         end = min(full_blocks, len(self.pending[i]))
         if end <= start:
             return
         new = self.pending[i][start:end]
-        ref, evictor, taken = self.ref, self.evictor, self.keys[i]
-        self.done[i] = end
+        ref, evictor = self.ref, self.evictor
         if ref.keys().isdisjoint(new) and evictor.keys().isdisjoint(new):  # the usual case, in bulk
             ref.update(dict.fromkeys(new, 1))
             taken.extend(new)
-            added = len(new)
             if self.users is not None:
                 self.users.update(zip(new, map(list, zip(repeat(i, len(new))))))
         else:  # some are cached already: vLLM V0 frees the request's copy and shares the cached block
-            added = 0
             for key in new:
                 if key in ref:
                     ref[key] += 1
@@ -259,8 +247,7 @@ class PrefixCache:
                     if self.users is not None:
                         self.users[key] = [i]
                 taken.append(key)
-                added += 1
-        self.private[i] -= added
+        self.private[i] -= len(new)
 
     def grow(self, i: int, blocks: int = 1) -> None:
         """Request i takes ``blocks`` more blocks of its own (a decode crossing a block boundary, a swap-in)."""
@@ -269,7 +256,7 @@ class PrefixCache:
         self.private[i] = self.private.get(i, 0) + blocks
         self.used += blocks
         if i not in self.keys:
-            self.keys[i], self.pending[i], self.done[i] = [], (), 0
+            self.keys[i], self.pending[i] = [], ()
 
     def release(self, i: int, full_blocks: Optional[int] = None, keys: Optional[Sequence[Hashable]] = None) -> int:
         """Request i gives its blocks back: keyed blocks nobody else uses go to the evictor (tail first, so its
@@ -282,7 +269,6 @@ class PrefixCache:
             self.advance(i, full_blocks)
         taken, own = self.keys.pop(i, []), self.private.pop(i, 0)
         self.pending.pop(i, None)
-        self.done.pop(i, None)
         if not taken:  # nothing cached: its own blocks are freed
             self.used -= own
             return own

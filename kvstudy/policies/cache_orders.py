@@ -34,10 +34,7 @@ def _matched(view, i: int) -> list:
 def lpm_order(view, queue: List[int]) -> List[int]:
     if len(queue) > LPM_MAX_QUEUE:
         return queue
-    mem = view.memory
-    hits = {}
-    for i in queue:
-        hits[i] = mem.cache.hit(mem.keys(i, view.prompt[i] + view.waiting_generated[i]))
+    hits = {i: len(_matched(view, i)) for i in queue}
     return sorted(queue, key=lambda i: -hits[i])
 
 

@@ -3,7 +3,10 @@
     python bench/vs_vidur.py agree [N]   # agreement tables: vllm and sarathi vs Vidur's, N=10,000 requests of
                                          # Splitwise conv (overload) and LMSYS-like at 10 req/s (moderate load)
     python bench/vs_vidur.py spread [N] [SEEDS]   # the moderate-load gaps over LMSYS-like seeds (default 0-4)
-    python bench/vs_vidur.py speed [WORKLOAD:N ...]   # speed: kvstudy vllm vs Vidur's vllm (default 1k-100k)
+    python bench/vs_vidur.py speed [WORKLOAD:N[:REPLICAS] ...] [--router=R]   # speed: kvstudy vllm vs Vidur's vllm
+                                         # (default 1k-100k, one replica; R one of round_robin, random, lor)
+    python bench/vs_vidur.py cluster [N] [REPLICAS] [WORKLOAD ...]   # issue 37: N requests (10,000) on REPLICAS (4)
+                                         # replicas behind Vidur's three global schedulers and kvstudy's routers
     python bench/vs_vidur.py --one ENGINE WORKLOAD N SCHEDULER MODE   (internal: one run in a fresh process)
 
 Both sides: Llama2-70B on a100_tp2, KV capacity 16,492 tokens in blocks of 16 (1,030 blocks), watermark 1%,
@@ -57,7 +60,7 @@ class VidurKeys:
         return {**self.inner.describe(), "keys": "vidur"}
 
 
-def requests(workload: str, n: int):
+def requests(workload: str, n: int, replicas: int = 1):
     from kvstudy.paths import SHARED_REFERENCE
     from kvstudy.workloads.arrivals import poisson
     from kvstudy.workloads.lmsys import lmsys
@@ -70,7 +73,8 @@ def requests(workload: str, n: int):
     # "lmsys" is seed 0; "lmsys:K" draws the lengths and arrivals with seed K (the spread between seeds)
     rng = np.random.default_rng(int(workload.split(":")[1]) if ":" in workload else 0)
     lengths = lmsys(n, rng, max_model_len=4096)
-    return poisson(n, 10.0, rng), lengths.prompt_tokens.to_numpy(), lengths.output_tokens.to_numpy()
+    # 10 req/s per replica: the same moderate load on each replica of a cluster
+    return poisson(n, 10.0 * replicas, rng), lengths.prompt_tokens.to_numpy(), lengths.output_tokens.to_numpy()
 
 
 def _status_mb(key):
@@ -88,11 +92,16 @@ def _stats(arrival, first, completion, restarts):
             "completed": int(np.isfinite(completion).sum())}
 
 
-def one(engine: str, workload: str, n: int, scheduler: str, mode: str) -> dict:
+#: Vidur's global schedulers and kvstudy's routers with their semantics (kvstudy/cluster/routers.py)
+ROUTER_NAMES = {"round_robin": "round_robin", "random": "random", "lor": "least_outstanding"}
+
+
+def one(engine: str, workload: str, n: int, scheduler: str, mode: str, replicas: int = 1,
+        router: str = "round_robin") -> dict:
     from kvstudy import api
     from kvstudy.latency.models import profile_files
 
-    arrival, prompt, output = requests(workload, n)
+    arrival, prompt, output = requests(workload, n, replicas)
     overrides = [f"+policy={scheduler}", "engine.progress=false", f"memory.capacity_tokens={CAPACITY}",
                  f"memory.block_size={BLOCK}"]
     if scheduler == "vllm":
@@ -113,15 +122,28 @@ def one(engine: str, workload: str, n: int, scheduler: str, mode: str) -> dict:
         if mode == "aligned":
             latency = VidurKeys(latency)
         req = make_requests(arrival, prompt, output, source=workload)
-        policy = api.build_policy(cfg)
-        policy.reset(0)
-        eng = api.build_engine(cfg, req, req.output_tokens, policy, latency, arch, hw, capacity)
+        engines = []
+        for k in range(replicas):
+            policy = api.build_policy(cfg)
+            policy.reset(k)
+            engines.append(api.build_engine(cfg, req, req.output_tokens, policy, latency, arch, hw, capacity))
         t0 = time.perf_counter()
-        res = eng.run()
+        if replicas == 1:
+            res = engines[0].run()
+        else:
+            from kvstudy.cluster.driver import drive, merge
+            from kvstudy.cluster.routers import ROUTERS
+
+            chosen = ROUTERS[ROUTER_NAMES[router]]()
+            chosen.reset(0)  # Vidur's runs use seed 0: its random router draws the same stream
+            results, routed = drive(engines, chosen, req.arrival_time.tolist())
+            res = merge(engines, results, routed, chosen.name)
         run_s = time.perf_counter() - t0
         q = res.requests
         out = {"run_seconds": run_s, "iterations": len(res.iterations), "status": res.status,
                **_stats(q.arrival_time, q.first_token_time, q.completion_time, q.preemptions)}
+        if replicas > 1:
+            out["replica"] = q.replica.tolist()
     else:
         from kvstudy.latency import vidur_adapter
         from kvstudy.latency.models import vidur_cache_folder
@@ -132,17 +154,20 @@ def one(engine: str, workload: str, n: int, scheduler: str, mode: str) -> dict:
             res = vidur_adapter.run_vidur_simulator(
                 arch, hw, files, latency.settings, folder, arrival, prompt, output, CAPACITY, work,
                 max_tokens_in_batch=TOKENS_IN_BATCH, batch_size_cap=VIDUR_CAP, scheduler=scheduler,
-                chunk_size=CHUNK, block_size=BLOCK, per_request=True)
+                chunk_size=CHUNK, block_size=BLOCK, per_request=True, num_replicas=replicas, global_scheduler=router)
         q = res.pop("requests")
         out = {**res, **_stats(q["arrival"], q["first_token"], q["completion"], q["restarts"])}
+        if replicas > 1:
+            out["replica"] = q["replica"]
     out["run_peak_mb"] = _status_mb("VmHWM")
-    out.update(engine=engine, workload=workload, n=n, scheduler=scheduler, mode=mode)
+    out.update(engine=engine, workload=workload, n=n, scheduler=scheduler, mode=mode, replicas=replicas, router=router)
     return out
 
 
-def measure(engine, workload, n, scheduler="vllm", mode="vllm_semantics", timeout=3600):
+def measure(engine, workload, n, scheduler="vllm", mode="vllm_semantics", timeout=3600, replicas=1,
+            router="round_robin"):
     t0 = time.perf_counter()
-    args = [sys.executable, __file__, "--one", engine, workload, str(n), scheduler, mode]
+    args = [sys.executable, __file__, "--one", engine, workload, str(n), scheduler, mode, str(replicas), router]
     try:
         proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -160,7 +185,7 @@ def _pct(a, b):
 
 WORKLOADS = {"splitwise_conv": "Splitwise conversation trace, first {n} requests (prompt + output <= 4,096), at "
                                 "its own arrival times (deep overload: makespan is throughput)",
-             "lmsys": "LMSYS-like lengths, {n} requests, Poisson at 10 req/s (moderate load)"}
+             "lmsys": "LMSYS-like lengths, {n} requests, Poisson at 10 req/s per replica (moderate load)"}
 
 
 def agree(n: int, workloads=("splitwise_conv", "lmsys")) -> None:
@@ -185,6 +210,39 @@ def agree(n: int, workloads=("splitwise_conv", "lmsys")) -> None:
                      ("makespan", "median_e2e", "p99_e2e", "median_ttft", "p99_ttft")]
             print(f"| {scheduler} | {mode} | " + " | ".join(cells) +
                   f" | {k['preemptions']} ({v['preemptions']}; {_pct(k['preemptions'], v['preemptions'])}) | "
+                  f"{k['run_seconds']:.2f} ({v['run_seconds']:.2f}; {v['run_seconds'] / k['run_seconds']:.1f}x) |",
+                  flush=True)
+
+
+def cluster(n: int, replicas: int = 4, workloads=("splitwise_conv",), modes=("vllm_semantics", "aligned")) -> None:
+    """Issue 37: ``replicas`` replicas behind Vidur's round_robin, random and lor global schedulers and kvstudy's
+    round_robin, random and least_outstanding routers; the replica schedulers vLLM and Sarathi. ``same replica``:
+    the share of requests both simulators sent to the same replica (1.0 for the load-blind routers, which see the
+    same arrival order and, for random, the same seeded stream)."""
+    for workload in workloads:
+        rows = []
+        for scheduler in ("vllm", "sarathi"):
+            for router in ROUTER_NAMES:
+                v = measure("vidur", workload, n, scheduler, "vidur", replicas=replicas, router=router)
+                print(json.dumps({k: x for k, x in v.items() if k != "replica"}), flush=True)
+                for mode in modes:
+                    k = measure("kvstudy", workload, n, scheduler, mode, replicas=replicas, router=router)
+                    print(json.dumps({key: x for key, x in k.items() if key != "replica"}), flush=True)
+                    rows.append((scheduler, router, mode, k, v))
+        print(f"\n{WORKLOADS[workload].format(n=n)}; {replicas} replicas of Llama2-70B on a100_tp2, {CAPACITY} tokens "
+              f"each in blocks of {BLOCK}\n")
+        print("| scheduler | router | kvstudy setting | makespan s (Vidur) | median e2e s (Vidur) | p99 e2e s (Vidur) | "
+              "median TTFT s (Vidur) | preemptions (Vidur) | same replica | run s (Vidur) |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        for scheduler, router, mode, k, v in rows:
+            if not k.get("run_seconds") or not v.get("run_seconds"):
+                print(f"| {scheduler} | {router} | {mode} | failed: {k.get('note') or v.get('note')} |")
+                continue
+            cells = [f"{k[m]:.2f} ({v[m]:.2f}; {_pct(k[m], v[m])})" for m in
+                     ("makespan", "median_e2e", "p99_e2e", "median_ttft")]
+            same = float(np.mean(np.asarray(k["replica"]) == np.asarray(v["replica"])))
+            print(f"| {scheduler} | {router} | {mode} | " + " | ".join(cells) +
+                  f" | {k['preemptions']} ({v['preemptions']}) | {same:.3f} | "
                   f"{k['run_seconds']:.2f} ({v['run_seconds']:.2f}; {v['run_seconds'] / k['run_seconds']:.1f}x) |",
                   flush=True)
 
@@ -215,34 +273,43 @@ def spread(n: int, seeds=(0, 1, 2, 3, 4)) -> None:
                 f"{np.mean(g):+.1f} [{np.min(g):+.1f}, {np.max(g):+.1f}]" for g in cells) + " |")
 
 
-def speed(plan=None) -> None:
-    """kvstudy (best of 3) and Vidur (once) back to back for each size: the machine's speed drifts."""
+def speed(plan=None, router: str = "round_robin") -> None:
+    """kvstudy (best of 3) and Vidur (once) back to back for each size: the machine's speed drifts. A plan entry is
+    (workload, requests[, replicas]); several replicas sit behind ``router`` (Vidur's name)."""
     plan = plan or [("splitwise_conv", 1000), ("splitwise_conv", 10000), ("lmsys", 1000), ("lmsys", 10000),
                     ("lmsys", 100000)]
-    print("| workload | requests | kvstudy vllm run s | Vidur vllm run s | speed-up | kvstudy peak RSS MB | "
+    print("| workload | requests | replicas | kvstudy vllm run s | Vidur vllm run s | speed-up | kvstudy peak RSS MB | "
           "Vidur peak RSS MB |")
-    print("|---|---|---|---|---|---|---|")
-    for workload, n in plan:
+    print("|---|---|---|---|---|---|---|---|")
+    for workload, n, *rest in plan:
+        replicas = rest[0] if rest else 1
         # kvstudy's runs are short and noisy: best of three fresh processes; Vidur's long runs once
-        tries = [measure("kvstudy", workload, n, "vllm", "aligned") for _ in range(3)]
+        tries = [measure("kvstudy", workload, n, "vllm", "aligned", replicas=replicas, router=router)
+                 for _ in range(3)]
         ok = [t for t in tries if t.get("run_seconds")]
         k = min(ok, key=lambda t: t["run_seconds"]) if ok else tries[0]
-        v = measure("vidur", workload, n, "vllm", "vidur")
+        v = measure("vidur", workload, n, "vllm", "vidur", replicas=replicas, router=router)
         ratio = v["run_seconds"] / k["run_seconds"] if k.get("run_seconds") and v.get("run_seconds") else None
         fmt = lambda x, f="{:.2f}": f.format(x) if isinstance(x, (int, float)) else str(x)
-        print(f"| {workload} | {n} | {fmt(k.get('run_seconds'))} | {fmt(v.get('run_seconds') or v.get('note'))} | "
+        print(f"| {workload} | {n} | {replicas} | {fmt(k.get('run_seconds'))} | {fmt(v.get('run_seconds') or v.get('note'))} | "
               f"{fmt(ratio, '{:.1f}x')} | {fmt(k.get('run_peak_mb'), '{:.0f}')} | {fmt(v.get('run_peak_mb'), '{:.0f}')} |",
               flush=True)
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--one":
-        print(json.dumps(one(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], sys.argv[6])))
+        print(json.dumps(one(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], sys.argv[6],
+                             *([int(sys.argv[7]), sys.argv[8]] if len(sys.argv) > 8 else []))))
+    elif len(sys.argv) > 1 and sys.argv[1] == "cluster":
+        cluster(int(sys.argv[2]) if len(sys.argv) > 2 else 10000, int(sys.argv[3]) if len(sys.argv) > 3 else 4,
+                tuple(sys.argv[4:]) or ("splitwise_conv",))
     elif len(sys.argv) > 1 and sys.argv[1] == "spread":
         spread(int(sys.argv[2]) if len(sys.argv) > 2 else 10000,
                tuple(int(x) for x in sys.argv[3].split(",")) if len(sys.argv) > 3 else (0, 1, 2, 3, 4))
     elif len(sys.argv) > 1 and sys.argv[1] == "speed":
-        sizes = [(w, int(k)) for w, k in (a.split(":") for a in sys.argv[2:])]  # e.g. splitwise_conv:10000
-        speed(sizes or None)
+        # e.g. splitwise_conv:10000, or splitwise_conv:10000:4 (4 replicas); --router=lor (default round_robin)
+        routers = [a.split("=", 1)[1] for a in sys.argv[2:] if a.startswith("--router=")]
+        sizes = [(p[0], *map(int, p[1:])) for p in (a.split(":") for a in sys.argv[2:] if not a.startswith("--"))]
+        speed(sizes or None, *routers)
     else:
         agree(int(sys.argv[2]) if len(sys.argv) > 2 else 10000, tuple(sys.argv[3:]) or ("splitwise_conv", "lmsys"))

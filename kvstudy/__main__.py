@@ -32,13 +32,17 @@ def _print_summary(summary: dict, folder: str) -> None:
     unit = _time_unit(summary)
     rows = [("status", summary["status"]), ("policy", summary.get("policy")),
             ("requests completed", f"{summary['completed']}/{summary['num_requests']}")]
+    cluster = summary.get("cluster")
+    if cluster:  # cluster.replicas > 1: the split, and peak KV below is the largest of any one replica's
+        split = "/".join(str(r["requests"]) for r in cluster["per_replica"])
+        rows.append(("replicas", f"{cluster['replicas']} behind router {cluster['router']}; requests each {split}"))
     for key in ("e2e_latency", "ttft", "tbt"):
         st = summary[key]
         if st["mean"] is not None:
             rows.append((f"{key} ({unit})", f"mean {st['mean']:.4g}  median {st['median']:.4g}  p90 {st['p90']:.4g}  "
                                             f"p99 {st['p99']:.4g}"))
     rows += [(f"throughput (tokens/{'round' if unit == 'rounds' else 's'})", f"{summary['throughput_tokens_per_time'] or 0:.4g}"),
-             ("peak KV tokens", _peak_kv(summary)),
+             ("peak KV tokens" + (" (one replica)" if cluster else ""), _peak_kv(summary)),
              ("iterations", summary["iterations"])]
     if "preemptions_swap" in summary:  # memory=paged: preemptions by mode (and an admission policy's clearings)
         rows.append(("preemptions", f"{summary['preemptions_recompute']} recompute, {summary['preemptions_swap']} swap"

@@ -84,6 +84,12 @@ def load_sweep(folder) -> pd.DataFrame:
         # which regime of the MC-SF study a run belongs to: regime=authors, else its hardware
         names = df["regime.name"] if "regime.name" in df else pd.Series("none", index=df.index)
         df["regime"] = np.where(names == "authors", "authors", df.get("hardware.name", pd.Series("", index=df.index)))
+    if len(df) and "cluster.per_replica" in df:  # cluster.replicas > 1 (issue 37): how evenly the replicas worked
+        reps = df["cluster.per_replica"].map(lambda v: json.loads(v) if isinstance(v, str) else [])
+        busy = reps.map(lambda rs: [r["busy_seconds"] for r in rs])
+        df["cluster.imbalance"] = busy.map(lambda b: max(b) / np.mean(b) if b and np.mean(b) > 0 else np.nan)
+        df["cluster.requests_max_over_mean"] = reps.map(
+            lambda rs: max(r["requests"] for r in rs) / np.mean([r["requests"] for r in rs]) if rs else np.nan)
     df.attrs["incomplete"] = incomplete
     if len(df) and "status" in df:
         odd = df["status"][df["status"] != "completed"].value_counts()
@@ -92,6 +98,17 @@ def load_sweep(folder) -> pd.DataFrame:
                           f"{', '.join(f'{k} ({v})' for k, v in odd.items())}; see the status and message columns",
                           stacklevel=2)
     return df
+
+
+def per_replica(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per replica of every cluster run in ``df`` (``load_sweep``'s ``cluster.per_replica``): the run's
+    ``folder`` and the replica's requests, completions, iterations, busy seconds, median e2e and TTFT, preemptions
+    (and prefix hit rate with caching)."""
+    rows = []
+    for folder, value in zip(df["folder"], df.get("cluster.per_replica", pd.Series(dtype=object))):
+        if isinstance(value, str):
+            rows += [{"folder": folder, **r} for r in json.loads(value)]
+    return pd.DataFrame(rows)
 
 
 def requests(row: pd.Series) -> pd.DataFrame:

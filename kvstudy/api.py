@@ -327,6 +327,9 @@ def no_effect(cfg: DictConfig, policy) -> list:
     if order != "fcfs" and not OmegaConf.select(cfg, "memory.prefix_caching", default=False):
         notes.append(f"policy.waiting_order={order} has no effect without a prefix cache: the queue is taken FCFS "
                      f"(set memory.prefix_caching=true, or memory=paged_prefix)")
+    router = OmegaConf.select(cfg, "router.name", default="round_robin")
+    if OmegaConf.select(cfg, "cluster.replicas", default=1) == 1 and router != "round_robin":
+        notes.append(f"router={router} has no effect with one replica: set cluster.replicas to 2 or more")
     pred = _plain(cfg.predictor)
     for kind, key in (("gaussian_noise", "sigma"), ("uniform_noise", "epsilon"), ("lognormal_noise", "sigma")):
         if pred.get("kind") == kind and pred.get(key) == 0:
@@ -349,17 +352,58 @@ def simulate(cfg: DictConfig) -> Tuple[EngineResult, dict]:
     inputs = engine_inputs(policy, before(ctx)) if callable(before) else {}  # kvstudy/run_context.py
     policy.reset(seed)
     engine = build_engine(cfg, requests, predicted, policy, latency, arch, hw, capacity, **inputs)
+    replicas = int(OmegaConf.select(cfg, "cluster.replicas", default=1))
     sim_started = time.perf_counter()
-    result = engine.run()
+    if replicas == 1:
+        result = engine.run()
+    else:
+        result = _run_cluster(cfg, ctx, policy, engine, replicas)
     name = OmegaConf.select(cfg, "policy.name", default=None) or getattr(policy, "name", type(policy).__name__)
     described = latency.describe()
     result.extra = {**result.extra, "policy": name, "model": arch.name, "hardware": hw.name, "seed": seed,
                     "latency": described, "simulate_seconds": round(time.perf_counter() - sim_started, 3),
                     "wall_seconds": round(time.perf_counter() - started, 3),
                     "provenance": provenance.record(_policy_target(cfg), _profile_paths(cfg), described)}
-    if callable(after):
+    if callable(after) and replicas == 1:
         after(result, ctx)
     return result, summarize(result)
+
+
+def build_router(cfg: DictConfig):
+    """The ``router`` group's router (kvstudy/cluster/routers.py), reset with the run's seed."""
+    router = _instantiate(cfg.router)
+    router.reset(int(cfg.seed))
+    return router
+
+
+def _run_cluster(cfg: DictConfig, ctx: RunContext, policy, first: StepEngine, replicas: int) -> EngineResult:
+    """``cluster.replicas`` > 1 (kvstudy/cluster/driver.py): ``first`` is replica 0's engine (``policy``'s); replica k
+    gets its own
+    policy instance (the policy's ``before_run`` hook run for it, reset with seed + k), memory and swap model; they
+    share the latency model. Each policy's ``after_run`` annotates its replica's records before they are merged."""
+    from kvstudy.cluster.driver import drive, merge
+
+    if first.arrivals == "authors_code":
+        raise ConfigError("engine.arrivals=authors_code (regime=authors) is the MC-SF authors' single-worker event "
+                          "order; with cluster.replicas > 1 use regime=none")
+    router = build_router(cfg)
+    policies, engines = [policy], [first]
+    for k in range(1, replicas):
+        policy = build_policy(cfg)
+        before = getattr(policy, "before_run", None)
+        inputs = engine_inputs(policy, before(ctx)) if callable(before) else {}
+        policy.reset(ctx.seed + k)
+        policies.append(policy)
+        engines.append(build_engine(cfg, ctx.requests, ctx.predicted, policy, ctx.latency, ctx.arch, ctx.hardware,
+                                    ctx.capacity, **inputs))
+    for engine in engines:
+        engine.progress = False  # one bar per replica would interleave
+    results, routed = drive(engines, router, ctx.requests.arrival_time.tolist())
+    for policy, res in zip(policies, results):
+        after = getattr(policy, "after_run", None)
+        if callable(after):
+            after(res, ctx)
+    return merge(engines, results, routed, getattr(router, "name", type(router).__name__))
 
 
 @contextlib.contextmanager
@@ -399,7 +443,8 @@ def _result_config(plain: dict) -> dict:
 #: keys added to conf/ after runs began recording their config, each with the value that means what a config
 #: without it meant (a finished run's folder from before the key is the same config when this one has that value)
 ADDED_KEYS = {"memory.prefix_caching": False, "policy.waiting_order": "fcfs", "workload.hash_block_size": 512,
-              "policy.prefix_aware": False}
+              "policy.prefix_aware": False, "cluster": {"replicas": 1},
+              "router": {"_target_": "kvstudy.cluster.routers.RoundRobin", "name": "round_robin"}}
 
 
 def _first_difference(a, b, prefix: str = ""):

@@ -15,7 +15,7 @@ import pandas as pd
 
 from kvstudy.states import DONE, REJECTED, EngineResult
 
-STATE_NAMES = np.array(["future", "waiting", "running", "done", "rejected", "swapped"])
+STATE_NAMES = np.array(["future", "waiting", "running", "done", "rejected", "swapped", "elsewhere"])
 ITERATION_COLUMNS = ("start", "duration", "batch_size", "prefill_tokens", "decode_tokens", "kv_tokens_in_use",
                      "capacity", "overflow", "cleared", "blocks_used", "blocks_reserved", "blocks_free",
                      "host_blocks", "swap_seconds", "chunk_tokens", "preempted_recompute", "preempted_swap",
@@ -28,9 +28,21 @@ ITERATION_TYPES = (float, float, np.int64, np.int64, np.int64, np.int64, np.int6
 def pooled_tbt(engine) -> dict:
     """Quantiles of every gap between consecutive tokens of every request, pooled (spec B8.11's tail TBT),
     including the tokens a request produced before it was rejected after a preemption (they were streamed)."""
+    return pooled_tbt_of([engine])
+
+
+def token_gaps(engine):
+    """(gaps, weights): every gap between consecutive tokens of the engine's requests, each with its count."""
     values, weights = engine.clock.pooled_gaps()
-    values = np.concatenate([values, np.asarray(engine.off_clock_gaps, dtype=float)])
-    weights = np.concatenate([weights, np.ones(len(engine.off_clock_gaps))])
+    return (np.concatenate([values, np.asarray(engine.off_clock_gaps, dtype=float)]),
+            np.concatenate([weights, np.ones(len(engine.off_clock_gaps))]))
+
+
+def pooled_tbt_of(engines) -> dict:
+    """``pooled_tbt`` over several engines' requests (the replicas of a cluster)."""
+    parts = [token_gaps(e) for e in engines]
+    values = np.concatenate([v for v, _ in parts]) if len(parts) > 1 else parts[0][0]
+    weights = np.concatenate([w for _, w in parts]) if len(parts) > 1 else parts[0][1]
     keep = weights > 0
     values, weights = values[keep], weights[keep]
     if not len(values):
@@ -107,7 +119,8 @@ def prefix_summary(requests: pd.DataFrame, iterations: pd.DataFrame) -> dict:
 
 #: the paper convention's iteration columns: the first nine of ``ITERATION_COLUMNS``
 PAPER_ITERATION_COLUMNS = ITERATION_COLUMNS[:9]
-PAPER_STATE_NAMES = STATE_NAMES[:5]  # no request is swapped out on the paper's memory
+#: the paper's memory swaps nothing out; a replica of a cluster marks requests routed elsewhere (dropped on merging)
+PAPER_STATE_NAMES = np.array([*STATE_NAMES[:5], "", "elsewhere"])
 
 
 def paper_result(engine, log, status, message, clearing: int) -> EngineResult:

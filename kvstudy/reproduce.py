@@ -1,4 +1,4 @@
-"""``python -m kvstudy.reproduce mcsf|rr_sjf|cacheopt|prefix|all [--dry-run] [--figures-only] [--jobs N] [--gallery]
+"""``python -m kvstudy.reproduce mcsf|rr_sjf|cacheopt|prefix|cluster|all [--dry-run] [--figures-only] [--jobs N] [--gallery]
 [-- OVERRIDES]``
 
 One command per paper: every experiment of the paper (the table ``PAPERS`` below, the one list of them), one after
@@ -173,6 +173,13 @@ def _prefix() -> Tuple[Step, ...]:
                    seconds=100))
 
 
+def _cluster() -> Tuple[Step, ...]:
+    # issue 37's study (docs/cluster.md); seconds measured 2026-11-26 with two workers
+    return (_sweep("cluster_lmsys", item="LMSYS-like, MC-SF setting: policy x router x 4/8 replicas", seconds=600),
+            _sweep("cluster_mooncake", item="Mooncake with prefix caching: policy x router x 4/8 replicas",
+                   seconds=1200))
+
+
 #: The papers' experiments: the one list (the README and scripts/cacheopt_study.sh point here).
 PAPERS: Dict[str, Paper] = {
     "mcsf": Paper("MC-SF (Jaillet et al.)", _mcsf(), ("01_mcsf_paper.ipynb", "02_hindsight_optimum.ipynb"),
@@ -189,6 +196,8 @@ PAPERS: Dict[str, Paper] = {
                        "preemption_cost/opt_13b_a100_tp1_pcie.png")),
     "prefix": Paper("Prefix caching (issue 36; beyond the papers)", _prefix(), ("05_prefix_caching.ipynb",),
                     ("figures/prefix_sessions.png",)),
+    "cluster": Paper("Several replicas behind a router (issue 37; beyond the papers)", _cluster(),
+                     ("06_cluster.ipynb",)),
 }
 
 

@@ -278,6 +278,13 @@ SCHEMA: Dict[str, Group] = {
         "max_iterations": whole(ge=1, le=2 ** 62, e_notation=True),
         "progress": flag(),
     }),
+    "cluster": Group({"replicas": whole(ge=1, le=1024, unit="replicas")}),
+    "router": Group({"name": NAME}, by="_target_", options={
+        "kvstudy.cluster.routers.RoundRobin": {}, "kvstudy.cluster.routers.Random": {},
+        "kvstudy.cluster.routers.LeastOutstanding": {}, "kvstudy.cluster.routers.LeastKV": {},
+        "kvstudy.cluster.routers.PowerOfTwo": {},
+        "kvstudy.cluster.routers.PrefixAffinity": {"max_imbalance": whole(ge=0, le=INT_MAX, unit="requests")},
+    }),
     "regime": Group({"name": NAME, "folder": text("a folder name"), "admission": ADMISSION,
                      "arrivals": choice("paper", "authors_code"), "overflow_cost": choice("batch", "free", "authors_code")}),
     "hardware": Group({

@@ -11,6 +11,9 @@ from kvstudy.errors import KvStudyError
 
 #: a request's state (requests.parquet ``state`` names them): not arrived, waiting, running, done, rejected, swapped out
 FUTURE, WAITING, RUNNING, DONE, REJECTED, SWAPPED = 0, 1, 2, 3, 4, 5
+#: in a cluster (kvstudy/cluster/driver.py), a replica's mark on a request routed to another replica: it never
+#: arrives there (the merged requests.parquet takes each request's row from its own replica)
+ELSEWHERE = 6
 
 
 def interrupted_message(iterations: int) -> str:

@@ -62,6 +62,7 @@ from kvstudy.workloads.requests import Requests
 
 STATE_NAMES, ITERATION_COLUMNS, ITERATION_TYPES = records.STATE_NAMES, records.ITERATION_COLUMNS, records.ITERATION_TYPES
 NO_CHUNKS: tuple = ()  # a decode-only iteration's prefill chunks
+IDLE = math.inf  # what the loop yields in a cluster when it waits for a request to be routed to it
 
 
 class _Generated:
@@ -575,6 +576,9 @@ class StepEngine:
         #: counts iterations without a token, but a prompt longer than stall_limit chunks takes more than that)
         self.furthest = [0] * n
         self.reason = [""] * n
+        #: in a cluster, (end, outstanding, KV in use) of the iteration in flight when it finishes requests: what a
+        #: router sees before that end (the loop pauses after applying it; kvstudy/cluster/driver.py ReplicaView)
+        self.inflight = None
         out = r.output_tokens.tolist()
         adapted = self.adapted
         if adapted:
@@ -593,6 +597,22 @@ class StepEngine:
             self.waiting = _WaitingSet()
 
     def run(self) -> EngineResult:
+        """Run every request to its end (or the run's stop) and return the run's records."""
+        loop = self.loop(cluster=False)
+        try:
+            next(loop)  # alone on its clock the loop never pauses: it returns at once
+        except StopIteration as stop:
+            return stop.value
+        raise KvStudyError("the engine paused outside a cluster")  # a bug: never reached
+
+    def loop(self, cluster: bool = True):
+        """The loop as a generator. Alone (``run``) it never pauses. In a cluster (kvstudy/cluster/driver.py) it
+        pauses before a decision at a clock at or past its *horizon* (the next arrival, which the driver must route
+        first), yielding that clock, and is sent its next horizon; decisions before the horizon run without a pause
+        (replicas do not interact between arrivals). Idle with nothing to do it yields ``IDLE`` and is sent the
+        arrival time of the next request routed to it (None: none will come), then pauses at that clock. Its
+        requests routed to other replicas are marked ``ELSEWHERE`` by the driver; it returns the run's records
+        (``StopIteration.value``)."""
         self._setup()
         n, mem, clock = len(self.r), self.memory, self.clock
         name = getattr(self.policy, "name", type(self.policy).__name__)
@@ -648,7 +668,10 @@ class StepEngine:
             return float(math.ceil(a[nxt])) if at_start else a[nxt]
 
         try:
+            horizon = -math.inf  # in a cluster: the next arrival; decisions before it need no routing first
             while True:
+                if cluster and t >= horizon:  # the driver routes the requests arriving by t before this one decides
+                    horizon = yield t
                 inclusive = not strict or self.idled
                 while nxt < n and (a[nxt] <= t if inclusive else a[nxt] < t):
                     if state[nxt] == FUTURE:
@@ -657,10 +680,11 @@ class StepEngine:
                     nxt += 1
                 self.idled = False
                 if not waiting and not running and not swapped:
-                    woke = wake()
+                    woke = (yield IDLE) if cluster else wake()
                     if woke is None:
                         break
-                    t = woke
+                    t = float(math.ceil(woke)) if cluster and at_start else woke
+                    horizon = -math.inf  # woken: first others arriving at that instant are routed
                     continue
                 if step >= self.max_iterations:
                     status, message = "max_iterations", f"stopped after {step} iterations (engine.max_iterations)"
@@ -695,12 +719,14 @@ class StepEngine:
                 try:  # a refused decision (the adapter's, or _check's) names where the run was
                     d = self.policy.step(view)
                     policy_s += perf_counter() - t0
-                    if check:
+                    # every running request decodes, nothing else: what _check's first test passes, checked here
+                    decode_only = d.__class__ is Decision and d.decode_all and not (
+                        d.preempt or d.swap_in or d.prefill or d.decode or d.reserve or d.lend)
+                    if check and not (decode_only and (not tracks or mem.used + len(growing) <= num_blocks)):
                         self._check(d, name)
                 except PolicyError as exc:
                     raise self._located(exc, step, t) from None
-                if d.decode_all and not (d.preempt or d.swap_in or d.prefill or d.decode or d.reserve or d.lend
-                                         or prefilling or self.reserved_ids) and running:
+                if decode_only and not (prefilling or self.reserved_ids) and running:
                     # the most common step, the general path's arithmetic without its empty branches: every running
                     # request decodes, nothing else happens
                     n_dec, ctx_now = len(running), self.decode_ctx
@@ -731,6 +757,9 @@ class StepEngine:
                     self.decode_ctx = ctx_now + n_dec - left_ctx
                     self.decode_prompts -= left_prompts
                     if finished:
+                        if cluster:  # what a router sees of this replica until the iteration ends (ReplicaView)
+                            self.inflight = (end, len(waiting) + len(running) + len(swapped),
+                                             mem.used if tracks else ctx_now + n_dec)
                         since_completion = 0
                         self._finish(finished, stamp, step)
                         completed += len(finished)
@@ -808,9 +837,12 @@ class StepEngine:
                 if not chunks and not n_dec:
                     t += swap_s  # copies take their time even when nothing computes
                     if not (d.preempt or d.swap_in or running or swapped):
-                        woke = wake()
+                        woke = (yield IDLE) if cluster else wake()
                         if woke is not None:
+                            if cluster and at_start:
+                                woke = float(math.ceil(woke))
                             t = max(t, woke)  # idle: nothing runs until the next arrival
+                            horizon = -math.inf
                             continue
                         if overflow is not None:  # an admission policy that admits nothing now never will
                             first = min(waiting)  # the first in arrival order
@@ -908,6 +940,9 @@ class StepEngine:
                 self.decode_ctx -= left_ctx
                 self.decode_prompts -= left_prompts
                 if finished:
+                    if cluster:  # what a router sees of this replica until the iteration ends (ReplicaView)
+                        self.inflight = (end, len(waiting) + len(running) + len(swapped),
+                                         mem.used if tracks else ctx_now + n_dec)
                     since_completion = 0
                     self._finish(finished, stamp, step)
                 completed += len(finished)
@@ -930,7 +965,7 @@ class StepEngine:
         for i in running:  # a run stopped early: tokens of requests still on the clock
             if clock.on[i]:
                 clock.stop(i)
-        if status == "completed" and n and not (state == DONE).any():  # every request rejected
+        if status == "completed" and n and not cluster and not (state == DONE).any():  # every request rejected
             first = int(np.flatnonzero(state == REJECTED)[0]) if (state == REJECTED).any() else 0
             status = "nothing_served"
             message = (f"no request was served: all {n} were rejected (request {self.id_list[first]}: "
@@ -942,7 +977,8 @@ class StepEngine:
             if status == "completed" and rejected:
                 message = f"{rejected} request(s) rejected (see reject_reason)"
             result = records.paged_result(self, log, status, message, clearing)
-            result.extra["tbt_pooled"] = records.pooled_tbt(self)
+            if not cluster:  # a cluster pools every replica's gaps once (kvstudy/cluster/driver.py)
+                result.extra["tbt_pooled"] = records.pooled_tbt(self)
             result.extra["policy_seconds"] = round(policy_s, 4)
             result.extra["policy_us_per_iteration"] = round(1e6 * policy_s / max(1, len(log)), 2)
         if ev is not None:

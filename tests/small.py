@@ -23,6 +23,10 @@ SMALL = {  # experiment -> overrides that shrink it (same code path, fewer and s
                         "workload.rate_scale=0.05"],
     "prefix_sessions": ["+policy=vllm,mcsf_prefix", "workload.source=composed", "workload.num_sessions=30",
                         "memory.capacity_tokens=131072", "workload.session_rate=0.5"],
+    "cluster_lmsys": ["+policy=mcsf,vllm", "router=round_robin,least_outstanding", "cluster.replicas=2",
+                      "workload.num_requests=80"],
+    "cluster_mooncake": ["+policy=vllm", "router=round_robin,prefix_affinity", "cluster.replicas=2",
+                         "workload.num_requests=150", "memory.capacity_tokens=131072"],
 }
 #: where an experiment's sweep goes under the results root, as its config puts it under outputs/
 FOLDER = {**{name: f"{name}/a100_tp2" for name in ("table1", "table1_fixed_set", "fig3", "fig5", "fig5_reference",
@@ -31,7 +35,8 @@ FOLDER = {**{name: f"{name}/a100_tp2" for name in ("table1", "table1_fixed_set",
           **{f"rr_sjf_{part}": f"rr_sjf/llama32_1b_l4_tp1/{part}" for part in ("policies", "quantum", "noise", "rate")},
           **{f"cacheopt_{part}": f"cacheopt/opt_13b_a100_tp1/{part}" for part in ("motivation", "main", "ablation",
                                                                                     "sensitivity")},
-          "prefix_mooncake": "prefix/mooncake_llama31_8b_a100_tp1", "prefix_sessions": "prefix/sessions_llama31_8b_a100_tp1"}
+          "prefix_mooncake": "prefix/mooncake_llama31_8b_a100_tp1", "prefix_sessions": "prefix/sessions_llama31_8b_a100_tp1",
+          "cluster_lmsys": "cluster/lmsys", "cluster_mooncake": "cluster/mooncake"}
 #: the MC-SF experiments notebook 01 also shows in the paper's likely regime (hardware=a100_vidur_default)
 PAPER_REGIME = ("table1", "fig3")
 #: the MC-SF experiments notebook 01 also shows in the authors' regime (regime=authors)

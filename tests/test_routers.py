@@ -47,6 +47,7 @@ def test_least_kv_uses_the_share_of_blocks_in_use():
     r = LeastKV()
     r.reset(0)
     assert r.route(0, state) == 1
+    assert r.route(0, loads(0, 0, 0, outstanding=[2, 1, 1])) == 1  # nothing in use anywhere: fewer outstanding
 
 
 def test_power_of_two_takes_the_less_loaded_of_two_draws():
@@ -76,3 +77,32 @@ def test_one_replica_always_gets_everything():
         r = cls()
         r.reset(0)
         assert [r.route(i, loads(i)) for i in range(5)] == [0] * 5, name
+
+
+def test_every_router_config_is_a_registered_router_that_passes_the_same_checks():
+    """Each conf/router/*.yaml composes and builds (api.build_router), names its class's ``name``, routes every
+    request of a random load to a replica that exists, gives the same choices after the same reset, and pickles
+    (a sweep's worker may receive it)."""
+    import pickle
+
+    import numpy as np
+
+    from kvstudy import api
+    from kvstudy.paths import CONF_DIR
+
+    names = sorted(p.stem for p in (CONF_DIR / "router").glob("*.yaml"))
+    assert names == sorted(ROUTERS)
+    rng = np.random.default_rng(0)
+    for name in names:
+        cfg = api.compose(["+policy=vllm", f"router={name}"])
+        router = api.build_router(cfg)
+        assert type(router) is ROUTERS[name] and router.name == name == cfg.router.name
+        states = [loads(*rng.integers(0, 9, 5).tolist(), outstanding=rng.integers(0, 9, 5).tolist(),
+                        kv=rng.integers(0, 100, 5).tolist()) for _ in range(40)]
+        router.reset(7)
+        first = [router.route(i, s) for i, s in enumerate(states)]
+        assert all(isinstance(k, int) and 0 <= k < 5 for k in first), name
+        router.reset(7)
+        clone = pickle.loads(pickle.dumps(router))
+        assert [router.route(i, s) for i, s in enumerate(states)] == first, name
+        assert [clone.route(i, s) for i, s in enumerate(states)] == first, name

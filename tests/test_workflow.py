@@ -103,6 +103,7 @@ def test_a_users_module_that_fails_to_import_is_named(tmp_path):
     (["+policy=mcsf", "memory=paged", "swap=vllm_blocks"], "is admission-only"),
     (["+policy=vllm", "predictor=gaussian_noise"], "predictor.sigma=0 predicts every length exactly"),
     (["+policy=vllm", "predictor=uniform_noise", "predictor.epsilon=0"], "predictor.epsilon=0 predicts"),
+    (["+policy=vllm", "router=least_kv"], "router=least_kv has no effect with one replica"),
 ])
 def test_settings_without_effect_are_said(overrides, said):
     with pytest.warns(UserWarning, match=said):

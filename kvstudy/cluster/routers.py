@@ -1,4 +1,4 @@
-"""Routers of a cluster of replicas (issue 37, started; not yet wired to a config group or the engine): which
+"""Routers of a cluster of replicas (issue 37; the ``router`` config group, kvstudy/cluster/driver.py): which
 replica a request joins when it arrives. A router reads only what a real load balancer could: each replica's
 queue, load, KV in use and (with prefix caching) how much of the request it holds cached.
 
@@ -13,7 +13,8 @@ Vidur's three global schedulers (``vidur/scheduler/global_scheduler/``, vidur 0.
 
 kvstudy's others (llm-d / BLIS / splitwise-sim style), documented as such:
 
-* ``least_kv``: the replica with the smallest share of its KV blocks in use (lowest index on ties);
+* ``least_kv``: the replica with the smallest share of its KV blocks in use; ties (replicas with nothing running,
+  whose routed requests hold no KV before they start) by fewer outstanding requests, then the lowest index;
 * ``power_of_two``: two distinct replicas drawn at random, the one with fewer outstanding requests (waiting +
   running + swapped; the first drawn on ties) (Mitzenmacher's two choices);
 * ``prefix_affinity``: among replicas whose outstanding requests exceed the least loaded one's by at most
@@ -44,6 +45,9 @@ class Router:
     """``route(i, replicas) -> replica index`` for request i (arrival order), called once per request."""
 
     name = "router"
+
+    def __init__(self) -> None:
+        self.reset(0)  # usable at once; a run resets it with its seed
 
     def reset(self, seed: int) -> None:
         self._random = random.Random(seed)
@@ -83,7 +87,8 @@ class LeastKV(Router):
     name = "least_kv"
 
     def route(self, i, replicas):
-        return min(range(len(replicas)), key=lambda k: replicas[k].kv_blocks / max(1, replicas[k].num_blocks))
+        return min(range(len(replicas)), key=lambda k: (replicas[k].kv_blocks / max(1, replicas[k].num_blocks),
+                                                        replicas[k].outstanding, k))
 
 
 class PowerOfTwo(Router):
@@ -103,6 +108,7 @@ class PrefixAffinity(Router):
         if isinstance(max_imbalance, bool) or not isinstance(max_imbalance, int) or max_imbalance < 0:
             raise ConfigError(f"router.max_imbalance={max_imbalance!r}: a whole number of requests >= 0")
         self.max_imbalance = max_imbalance
+        super().__init__()
 
     def route(self, i, replicas):
         least = min(r.outstanding for r in replicas)

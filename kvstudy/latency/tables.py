@@ -139,20 +139,22 @@ class VidurTables:
         if total <= 0:
             return 0.0
         rounded = (total + 7) // 8 * 8
-        if rounded > self.max_tokens:
+        per_token = self.per_token_ms
+        if rounded >= len(per_token):  # past max_tokens (len - 1); no property call on this hot path
             raise OutOfRangeError(f"iteration of {total} tokens exceeds the predictor's trained range "
                                   f"latency.max_tokens={self.max_tokens}; raise latency.max_tokens")
-        layer = self.per_token_ms[rounded]
+        layer = per_token[rounded]
         g = self.kv_granularity
         if num_decodes:
-            if num_decodes > self.max_batch_size:
+            decode_ms = self.decode_ms
+            if num_decodes >= decode_ms.shape[0]:  # past max_batch_size
                 raise OutOfRangeError(f"decode batch of {num_decodes} requests exceeds the trained range "
                                       f"latency.max_batch_size={self.max_batch_size}; raise latency.max_batch_size")
             kv_idx = -(-(decode_context_sum // num_decodes) // g)
-            if kv_idx >= self.decode_ms.shape[1]:
+            if kv_idx >= decode_ms.shape[1]:
                 raise OutOfRangeError(f"mean decode context {decode_context_sum // num_decodes} exceeds the trained "
                                       f"range latency.max_tokens={self.max_tokens}")
-            attn = self.decode_ms[num_decodes, kv_idx]
+            attn = decode_ms[num_decodes, kv_idx]
             layer += attn * (1.0 + self.decode_overhead) if num_decodes > 1 else attn
         for chunk, context in prefill_chunks:
             c_idx = -(-chunk // 32)

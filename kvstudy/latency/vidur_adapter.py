@@ -285,24 +285,35 @@ def run_vidur_simulator(arch: ModelArch, hw: HardwareSpec, files: ProfileFiles, 
                         cache_dir: str, arrival, prompt, output, capacity_tokens: int, work_dir: str,
                         max_tokens_in_batch: int, batch_size_cap: int = 1024, scheduler: str = "vllm",
                         chunk_size: int = 512, block_size: int = None, watermark: float = 0.01,
-                        per_request: bool = False) -> dict:
+                        per_request: bool = False, num_replicas: int = 1, global_scheduler: str = "round_robin",
+                        seed: int = 0) -> dict:
     """Run Vidur's own event-driven simulator (its ``vllm`` or ``sarathi`` replica scheduler) on the given
     requests, with the same offline predictor kvstudy uses. For ``bench/vs_vidur.py``; returns timing facts
     and, with ``per_request``, each request's arrival, first-token, completion time and restart count.
 
     Vidur's trace-replay generator reads Azure-style columns (Date, Time, PromptTokenCount,
     CompletionTokenCount); the requests are written in that form with all scale factors 1.
+
+    ``num_replicas`` behind Vidur's ``global_scheduler`` (round_robin, random, lor); Python's ``random`` is seeded
+    with ``seed`` as Vidur's main does (``set_seeds``: its random router draws from it). With ``per_request`` each
+    request's replica is returned too.
     """
     import time
 
     import pandas as pd
-    from vidur.config import (ClusterConfig, MetricsConfig, RoundRobinGlobalSchedulerConfig, SarathiSchedulerConfig,
-                              SimulationConfig, TraceRequestGeneratorConfig, VllmSchedulerConfig)
+    from vidur.config import (ClusterConfig, LORGlobalSchedulerConfig, MetricsConfig, RandomGlobalSchedulerConfig,
+                              RoundRobinGlobalSchedulerConfig, SarathiSchedulerConfig, SimulationConfig,
+                              TraceRequestGeneratorConfig, VllmSchedulerConfig)
+    from vidur.utils.random import set_seeds
     from vidur.execution_time_predictor import ExecutionTimePredictorRegistry
     from vidur.simulator import Simulator
 
     if scheduler not in ("vllm", "sarathi"):
         raise ValueError(f"scheduler={scheduler!r}: allowed vllm, sarathi")
+    routers = {"round_robin": RoundRobinGlobalSchedulerConfig, "random": RandomGlobalSchedulerConfig,
+               "lor": LORGlobalSchedulerConfig}
+    if global_scheduler not in routers:
+        raise ValueError(f"global_scheduler={global_scheduler!r}: allowed {', '.join(routers)}")
     trace = os.path.join(work_dir, "trace.csv")
     pd.DataFrame({"Date": "2024-01-01", "Time": arrival, "PromptTokenCount": prompt,
                   "CompletionTokenCount": output}).to_csv(trace, index=False)
@@ -317,9 +328,9 @@ def run_vidur_simulator(arch: ModelArch, hw: HardwareSpec, files: ProfileFiles, 
     else:
         sched = SarathiSchedulerConfig(batch_size_cap=batch_size_cap, chunk_size=chunk_size)
     config = SimulationConfig(
-        seed=0,
-        cluster_config=ClusterConfig(num_replicas=1, replica_config=replica, cache_config=cache,
-                                     global_scheduler_config=RoundRobinGlobalSchedulerConfig(),
+        seed=seed,
+        cluster_config=ClusterConfig(num_replicas=num_replicas, replica_config=replica, cache_config=cache,
+                                     global_scheduler_config=routers[global_scheduler](),
                                      replica_scheduler_config=sched),
         request_generator_config=TraceRequestGeneratorConfig(
             trace_file=trace, date="2024-01-01", prefill_scale_factor=1, decode_scale_factor=1, time_scale_factor=1,
@@ -348,6 +359,17 @@ def run_vidur_simulator(arch: ModelArch, hw: HardwareSpec, files: ProfileFiles, 
 
     VidurRequest.restart = restart
     setup_s = time.perf_counter() - started
+    set_seeds(seed)  # what vidur.main does before the simulator runs (the random router's stream)
+    routed = {}
+    stock_schedule = type(simulator._scheduler).schedule
+
+    def schedule(self):  # the stock global scheduler, with each request's replica noted
+        mapping = stock_schedule(self)
+        for replica_id, request in mapping:
+            routed[request.id] = int(getattr(replica_id, "id", replica_id))  # a ReplicaId or an int
+        return mapping
+
+    simulator._scheduler.schedule = schedule.__get__(simulator._scheduler)
     started = time.perf_counter()
     try:
         simulator.run()
@@ -360,5 +382,6 @@ def run_vidur_simulator(arch: ModelArch, hw: HardwareSpec, files: ProfileFiles, 
         out["requests"] = {"arrival": [q.arrived_at for q in requests],
                            "first_token": [q.prefill_completed_at for q in requests],
                            "completion": [q._completed_at if q.completed else float("nan") for q in requests],
-                           "restarts": [q._num_restarts for q in requests]}
+                           "restarts": [q._num_restarts for q in requests],
+                           "replica": [routed.get(q.id, -1) for q in requests]}
     return out

@@ -58,7 +58,7 @@ from typing import Dict, List, Optional
 from kvstudy.cacheopt.allocation import allocate
 from kvstudy.cacheopt.preemption import choose_mode, victim_order
 from kvstudy.cacheopt.queue import DeadlineQueue
-from kvstudy.states import DONE, RUNNING, SWAPPED, WAITING
+from kvstudy.states import DONE, ELSEWHERE, RUNNING, SWAPPED, WAITING
 from kvstudy.errors import ConfigError
 from kvstudy.padding import adaptive_confidence, padded_output
 from kvstudy.policies.step import RECOMPUTE, SWAP, Decision, StepPolicy, StepView
@@ -150,6 +150,7 @@ class CacheOPT(StepPolicy):
         self.causes: Dict[str, int] = {}  # preemptions by why: returned, conflict, critical_waiting, liveness
         self.embedded = 0
         self.confidences: List[float] = []
+        self._own_arrivals: List[float] = []  # arrival times of this replica's requests (eq. (4)'s rate lambda)
 
     def estimates(self) -> List[int]:
         """s_o of every request that has arrived, in the engine's order (arrival)."""
@@ -166,16 +167,20 @@ class CacheOPT(StepPolicy):
         return self.error_ranges[min(same, key=lambda k: (abs(k[0] - key[0]), k[0]))]
 
     def _estimate(self, view: StepView, i: int) -> int:
+        if view.state[i] == ELSEWHERE:
+            return -1  # routed to another replica of a cluster: never scheduled here, not in this replica's rate
         x, room = int(view.predicted[i]), max(1, view.max_model_len - view.prompt[i])
         if self.padding == "fixed":
             return int(min(room, max(1, round(x * (1 + self.fixed_fraction)))))
         if self.padding == "rlp":
             return int(min(room, x + self.rlp_padding))
         c = self.confidence
-        if self.adaptive:
-            lo = bisect.bisect_left(view.arrival, view.arrival[i] - self.rate_window, 0, i + 1)
+        if self.adaptive:  # lambda: this engine's arrivals in the window (one replica: every arrival so far)
+            own = self._own_arrivals
+            own.append(view.arrival[i])
+            lo = bisect.bisect_left(own, view.arrival[i] - self.rate_window)
             span = min(self.rate_window, view.arrival[i]) or self.rate_window
-            c = adaptive_confidence(self.alpha, self.beta, (i + 1 - lo) / span)
+            c = adaptive_confidence(self.alpha, self.beta, (len(own) - lo) / span)
             self.confidences.append(c)
         under = 1 if view.direction is None else view.direction[i]
         return padded_output(x, under, self._range(x, under), c, room, self.subtract_over)

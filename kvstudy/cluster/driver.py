@@ -1,0 +1,244 @@
+"""Several replicas on one clock (issue 37): each replica is a :class:`~kvstudy.step_engine.StepEngine` of its own
+(its memory, its policy instance, its queue), paused before each decision (``StepEngine.loop``); a router sends each
+request, when it arrives, to one replica.
+
+How the clock is shared (Vidur's event order, ``vidur/events/``: an arrival is routed at its arrival time, into the
+replica's queue, and the replica takes it at its next scheduling point):
+
+* the driver always does the earliest thing next: route the next arrival if it comes no later than every replica's
+  next decision (ties: the arrival first, so a replica deciding at that instant sees it), else let the replicas
+  deciding before it run up to it (replicas do not interact between arrivals, so each runs its iterations up to
+  the arrival in one go: a pause per arrival, not per iteration);
+* a router reads each replica as it stands at the arrival (:class:`ReplicaView`): a replica in the middle of an
+  iteration shows the state after that iteration's decision; requests routed to it since count as waiting, as they
+  are in Vidur's replica queue (``num_pending_requests``);
+* an idle replica sleeps until a request is routed to it; when every request is routed, sleeping replicas are told
+  that none will come and finish.
+
+A request the memory model can never serve (rejected up front; the same on every replica, they share model and
+hardware) is routed nowhere (``replica`` -1). With one replica nothing here runs: ``cluster.replicas=1`` is the
+single engine, bit for bit.
+"""
+from __future__ import annotations
+
+import math
+from heapq import heappop, heappush
+from typing import List, Sequence
+
+import numpy as np
+import pandas as pd
+
+from kvstudy import records
+from kvstudy.errors import KvStudyError
+from kvstudy.states import ELSEWHERE, REJECTED, EngineResult
+from kvstudy.step_engine import IDLE
+
+
+class ReplicaView:
+    """What a router sees of one replica at the arrival being routed (kvstudy/cluster/routers.py ``ReplicaLoad``'s
+    fields). A replica in the middle of an iteration is paused at that iteration's end with its completions already
+    applied; until that end the router sees the load the iteration started with (``engine.inflight``)."""
+
+    __slots__ = ("engine", "pending", "now")
+
+    def __init__(self, engine, now: list) -> None:
+        self.engine = engine
+        self.pending = 0  # requests routed to it that its loop has not taken into its queue yet
+        self.now = now  # [the arrival time being routed], shared by the driver's views
+
+    @property
+    def waiting(self) -> int:  # changes only at decisions: never ahead of the arrival
+        return len(self.engine.waiting) + self.pending
+
+    @property
+    def outstanding(self) -> int:
+        e = self.engine
+        flight = e.inflight
+        if flight is not None and self.now[0] < flight[0]:
+            return flight[1] + self.pending
+        return len(e.waiting) + len(e.running) + len(e.swapped) + self.pending
+
+    @property
+    def kv_blocks(self) -> int:
+        """KV in use: blocks on paged memory, tokens (decode contexts + one each) on the paper's memory."""
+        e = self.engine
+        flight = e.inflight
+        if flight is not None and self.now[0] < flight[0]:
+            return flight[2]
+        return e.memory.used if e.memory.tracks_blocks else e.decode_ctx + len(e.running)
+
+    @property
+    def num_blocks(self) -> int:
+        m = self.engine.memory
+        return m.num_blocks if m.tracks_blocks else m.capacity_tokens
+
+    def cached(self, i: int) -> int:
+        """Tokens of request i's prompt a prefill starting here now would take from the prefix cache."""
+        e = self.engine
+        if e.cache is None:
+            return 0
+        return e.memory.cached_tokens(i, e.s_list[i])
+
+
+def drive(engines: Sequence, router, arrival: Sequence[float]):
+    """Step ``engines`` on one clock, routing request i (arrival order) when it arrives; returns each engine's
+    result and each request's replica (-1: rejected everywhere, never routed)."""
+    n, size = len(arrival), len(engines)
+    loops = [e.loop() for e in engines]
+    results: List[EngineResult] = [None] * size
+    now = [0.0]
+    views = [ReplicaView(e, now) for e in engines]
+    routed = np.full(n, -1, dtype=np.int64)
+    heap: list = []  # (clock of its next decision, replica) of every replica with something to do
+    asleep: set = set()  # replicas waiting for a request to be routed to them
+
+    def resume(r: int, value=None) -> None:
+        try:
+            t = loops[r].send(value)
+        except StopIteration as stop:
+            results[r] = stop.value
+            if stop.value.status == "interrupted":  # Ctrl-C / SIGTERM landed in this replica: stop them all
+                raise KeyboardInterrupt from None
+            return
+        if t == IDLE:
+            asleep.add(r)
+        else:
+            heappush(heap, (t, r))
+
+    for r in range(size):
+        resume(r)  # each pauses first at its clock 0, before anything arrives
+    states = [e.state for e in engines]
+    rejected = (states[0] == REJECTED).tolist()
+    others = [[m for m in range(size) if m != j] for j in range(size)]
+    route, name = router.route, getattr(router, "name", type(router).__name__)
+    k = 0
+    try:
+        while True:
+            while k < n and rejected[k]:
+                k += 1
+            due = arrival[k] if k < n else math.inf
+            while heap and heap[0][0] < due:  # every decision before the next arrival: no routing in between
+                r = heappop(heap)[1]
+                views[r].pending = 0  # its loop now takes every request routed to it (all arrived by its clock)
+                resume(r, due)
+            if k < n:
+                now[0] = arrival[k]
+                j = route(k, views)
+                if isinstance(j, (bool, np.bool_)) or not isinstance(j, (int, np.integer)) or not 0 <= j < size:
+                    raise KvStudyError(f"router '{name}' sent request {k} to replica {j!r}; replicas are 0 .. "
+                                       f"{size - 1}")
+                j = int(j)
+                routed[k] = j
+                for m in others[j]:
+                    states[m][k] = ELSEWHERE
+                views[j].pending += 1
+                if j in asleep:
+                    asleep.discard(j)
+                    resume(j, float(arrival[k]))
+                k += 1
+            elif asleep:  # nothing left to route: the sleeping replicas will get no request
+                for r in sorted(asleep):
+                    asleep.discard(r)
+                    resume(r, None)
+            elif not heap:
+                break
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: every replica stops where it stands, what is done is kept
+        for r in range(size):
+            if results[r] is None:
+                try:
+                    loops[r].throw(KeyboardInterrupt)
+                except StopIteration as stop:
+                    results[r] = stop.value
+                except KeyboardInterrupt:  # it was building its records when the signal came: nothing to keep
+                    pass
+        if any(res is None for res in results):
+            raise
+    return results, routed
+
+
+def merge(engines: Sequence, results: Sequence[EngineResult], routed: np.ndarray, router_name: str) -> EngineResult:
+    """One run's records from its replicas': each request's row from the replica it was routed to (a ``replica``
+    column; -1 for requests rejected up front), the iterations of all replicas (a ``replica`` column, in time order),
+    the cluster's status (the first replica that did not complete), and per-replica facts in ``extra['cluster']``."""
+    first = results[0]
+    order = np.argsort(engines[0].r.request_id, kind="stable")  # the requests tables are sorted by request_id
+    where = routed[order]
+    tables = [res.requests for res in results]
+    requests = tables[0].copy()
+    for r in range(1, len(results)):
+        mask = where == r
+        if mask.any():
+            for col in requests.columns:
+                values = requests[col].to_numpy(copy=True)
+                values[mask] = tables[r][col].to_numpy()[mask]
+                requests[col] = values
+    requests["replica"] = where
+    iterations = pd.concat([res.iterations.assign(replica=r) for r, res in enumerate(results)], ignore_index=True)
+    iterations = iterations.sort_values("start", kind="stable").reset_index(drop=True)
+    stopped = [(r, res) for r, res in enumerate(results) if res.status != "completed"]
+    rejected = int((requests["state"] == "rejected").sum())
+    if stopped:  # an interruption first: it is what makes a resumed sweep run this folder again
+        status = next((res.status for _, res in stopped if res.status == "interrupted"), stopped[0][1].status)
+        message = "; ".join(f"replica {r}: {res.status}: {res.message}" for r, res in stopped)
+    elif len(requests) and not (requests["state"] == "done").any():
+        status = "nothing_served"
+        message = f"no request was served: all {len(requests)} were rejected (see reject_reason)"
+    else:
+        status, message = "completed", (f"{rejected} request(s) rejected (see reject_reason)" if rejected else "")
+    result = EngineResult(requests, iterations, status, message, sum(res.clearing_events for res in results),
+                          first.capacity)
+    extra = dict(first.extra)
+    if "policy_seconds" in extra:  # paged memory: the pooled time between tokens, over every replica's requests
+        extra["tbt_pooled"] = records.pooled_tbt_of(engines)
+        seconds = sum(res.extra.get("policy_seconds", 0.0) for res in results)
+        extra["policy_seconds"] = round(seconds, 4)
+        extra["policy_us_per_iteration"] = round(1e6 * seconds / max(1, len(iterations)), 2)
+    if "prefix_cache" in extra:
+        extra["prefix_cache"] = records.prefix_summary(requests, iterations)
+    if "cacheopt" in extra:  # CacheOPT's counters, over every replica's policy
+        parts = [res.extra["cacheopt"] for res in results]
+        causes = {}
+        for p in parts:
+            for cause, count in p.get("preemptions_by_cause", {}).items():
+                causes[cause] = causes.get(cause, 0) + count
+        extra["cacheopt"] = {**parts[0], "stalls": sum(p["stalls"] for p in parts),
+                             "embedded": sum(p["embedded"] for p in parts), "preemptions_by_cause": causes}
+    extra["cluster"] = {"replicas": len(results), "router": router_name,
+                        "per_replica": [_replica_summary(r, res, where) for r, res in enumerate(results)]}
+    result.extra = extra
+    if any(res.events is not None for res in results):
+        result.events = _owned_events(engines[0].r.request_id, results, routed)
+        result.batches = pd.concat([res.batches.assign(replica=r) for r, res in enumerate(results)],
+                                   ignore_index=True)
+    return result
+
+
+def _owned_events(request_id, results, routed: np.ndarray) -> pd.DataFrame:
+    """events.parquet of the cluster: each replica's events of its own requests (every replica logs the up-front
+    rejections: replica 0's are kept), with a ``replica`` column, in time order."""
+    owner = pd.Series(routed, index=np.asarray(request_id))
+    parts = []
+    for r, res in enumerate(results):
+        ev = res.events
+        mine = owner.reindex(ev["request_id"].to_numpy()).to_numpy()
+        keep = (mine == r) | ((mine == -1) & (r == 0)) | (ev["request_id"].to_numpy() < 0)
+        parts.append(ev[keep].assign(replica=r))
+    return pd.concat(parts, ignore_index=True).sort_values("time", kind="stable").reset_index(drop=True)
+
+
+def _replica_summary(r: int, res: EngineResult, where: np.ndarray) -> dict:
+    """One replica's facts: its requests, completions, iterations, busy time, latency medians, preemptions."""
+    req = res.requests[where == r]
+    done = req[req["state"] == "done"]
+    it = res.iterations
+    out = {"replica": r, "status": res.status, "requests": int(len(req)), "completed": int(len(done)),
+           "iterations": int(len(it)), "busy_seconds": float(it["duration"].sum()) if len(it) else 0.0,
+           "median_e2e": float(done["e2e_latency"].median()) if len(done) else None,
+           "median_ttft": float(done["ttft"].median()) if len(done) else None,
+           "preemptions": int(req["preemptions"].sum())}
+    if "prefix_cached_tokens" in req:
+        started = req["first_scheduled_time"].notna()
+        prompt = int(req.loc[started, "prompt_tokens"].sum())
+        out["prefix_hit_rate"] = int(req.loc[started, "prefix_cached_tokens"].sum()) / prompt if prompt else 0.0
+    return out
+

@@ -175,9 +175,9 @@ def _prefix() -> Tuple[Step, ...]:
 
 def _cluster() -> Tuple[Step, ...]:
     # issue 37's study (docs/cluster.md); seconds measured 2026-11-26 with two workers
-    return (_sweep("cluster_lmsys", item="LMSYS-like, MC-SF setting: policy x router x 4/8 replicas", seconds=600),
+    return (_sweep("cluster_lmsys", item="LMSYS-like, MC-SF setting: policy x router x 4/8 replicas", seconds=70),
             _sweep("cluster_mooncake", item="Mooncake with prefix caching: policy x router x 4/8 replicas",
-                   seconds=1200))
+                   seconds=1000))
 
 
 #: The papers' experiments: the one list (the README and scripts/cacheopt_study.sh point here).

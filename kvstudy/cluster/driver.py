@@ -1,6 +1,6 @@
 """Several replicas on one clock (issue 37): each replica is a :class:`~kvstudy.step_engine.StepEngine` of its own
-(its memory, its policy instance, its queue), paused before each decision (``StepEngine.loop``); a router sends each
-request, when it arrives, to one replica.
+(its memory, its policy instance, its queue), paused before its first decision at or past the next arrival
+(``StepEngine.loop``); a router sends each request, when it arrives, to one replica.
 
 How the clock is shared (Vidur's event order, ``vidur/events/``: an arrival is routed at its arrival time, into the
 replica's queue, and the replica takes it at its next scheduling point):

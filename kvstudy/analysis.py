@@ -88,8 +88,6 @@ def load_sweep(folder) -> pd.DataFrame:
         reps = df["cluster.per_replica"].map(lambda v: json.loads(v) if isinstance(v, str) else [])
         busy = reps.map(lambda rs: [r["busy_seconds"] for r in rs])
         df["cluster.imbalance"] = busy.map(lambda b: max(b) / np.mean(b) if b and np.mean(b) > 0 else np.nan)
-        df["cluster.requests_max_over_mean"] = reps.map(
-            lambda rs: max(r["requests"] for r in rs) / np.mean([r["requests"] for r in rs]) if rs else np.nan)
     df.attrs["incomplete"] = incomplete
     if len(df) and "status" in df:
         odd = df["status"][df["status"] != "completed"].value_counts()

@@ -346,12 +346,9 @@ def simulate(cfg: DictConfig) -> Tuple[EngineResult, dict]:
     for note in no_effect(cfg, policy):
         warnings.warn(note, stacklevel=2)
     ctx = _context(cfg, latency=True)
-    requests, predicted, arch, hw, capacity, latency, seed = (ctx.requests, ctx.predicted, ctx.arch, ctx.hardware,
-                                                              ctx.capacity, ctx.latency, ctx.seed)
-    before, after = getattr(policy, "before_run", None), getattr(policy, "after_run", None)
-    inputs = engine_inputs(policy, before(ctx)) if callable(before) else {}  # kvstudy/run_context.py
-    policy.reset(seed)
-    engine = build_engine(cfg, requests, predicted, policy, latency, arch, hw, capacity, **inputs)
+    arch, hw, latency, seed = ctx.arch, ctx.hardware, ctx.latency, ctx.seed
+    after = getattr(policy, "after_run", None)
+    engine = _prepared_engine(cfg, ctx, policy, seed)
     replicas = int(OmegaConf.select(cfg, "cluster.replicas", default=1))
     sim_started = time.perf_counter()
     if replicas == 1:
@@ -369,6 +366,16 @@ def simulate(cfg: DictConfig) -> Tuple[EngineResult, dict]:
     return result, summarize(result)
 
 
+def _prepared_engine(cfg: DictConfig, ctx: RunContext, policy, seed: int) -> StepEngine:
+    """The engine of ``policy`` over the run's requests: the policy's ``before_run`` hook first (its answer checked,
+    kvstudy/run_context.py), then ``reset(seed)``."""
+    before = getattr(policy, "before_run", None)
+    inputs = engine_inputs(policy, before(ctx)) if callable(before) else {}
+    policy.reset(seed)
+    return build_engine(cfg, ctx.requests, ctx.predicted, policy, ctx.latency, ctx.arch, ctx.hardware, ctx.capacity,
+                        **inputs)
+
+
 def build_router(cfg: DictConfig):
     """The ``router`` group's router (kvstudy/cluster/routers.py), reset with the run's seed."""
     router = _instantiate(cfg.router)
@@ -378,9 +385,9 @@ def build_router(cfg: DictConfig):
 
 def _run_cluster(cfg: DictConfig, ctx: RunContext, policy, first: StepEngine, replicas: int) -> EngineResult:
     """``cluster.replicas`` > 1 (kvstudy/cluster/driver.py): ``first`` is replica 0's engine (``policy``'s); replica k
-    gets its own
-    policy instance (the policy's ``before_run`` hook run for it, reset with seed + k), memory and swap model; they
-    share the latency model. Each policy's ``after_run`` annotates its replica's records before they are merged."""
+    gets its own policy instance (the policy's ``before_run`` hook run for it, reset with seed + k), memory and swap
+    model; they share the latency model. Each policy's ``after_run`` annotates its replica's records before they are
+    merged."""
     from kvstudy.cluster.driver import drive, merge
 
     if first.arrivals == "authors_code":
@@ -389,13 +396,8 @@ def _run_cluster(cfg: DictConfig, ctx: RunContext, policy, first: StepEngine, re
     router = build_router(cfg)
     policies, engines = [policy], [first]
     for k in range(1, replicas):
-        policy = build_policy(cfg)
-        before = getattr(policy, "before_run", None)
-        inputs = engine_inputs(policy, before(ctx)) if callable(before) else {}
-        policy.reset(ctx.seed + k)
-        policies.append(policy)
-        engines.append(build_engine(cfg, ctx.requests, ctx.predicted, policy, ctx.latency, ctx.arch, ctx.hardware,
-                                    ctx.capacity, **inputs))
+        policies.append(build_policy(cfg))
+        engines.append(_prepared_engine(cfg, ctx, policies[-1], ctx.seed + k))
     for engine in engines:
         engine.progress = False  # one bar per replica would interleave
     results, routed = drive(engines, router, ctx.requests.arrival_time.tolist())

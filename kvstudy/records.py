@@ -41,8 +41,7 @@ def token_gaps(engine):
 def pooled_tbt_of(engines) -> dict:
     """``pooled_tbt`` over several engines' requests (the replicas of a cluster)."""
     parts = [token_gaps(e) for e in engines]
-    values = np.concatenate([v for v, _ in parts]) if len(parts) > 1 else parts[0][0]
-    weights = np.concatenate([w for _, w in parts]) if len(parts) > 1 else parts[0][1]
+    values, weights = np.concatenate([v for v, _ in parts]), np.concatenate([w for _, w in parts])
     keep = weights > 0
     values, weights = values[keep], weights[keep]
     if not len(values):
@@ -119,8 +118,6 @@ def prefix_summary(requests: pd.DataFrame, iterations: pd.DataFrame) -> dict:
 
 #: the paper convention's iteration columns: the first nine of ``ITERATION_COLUMNS``
 PAPER_ITERATION_COLUMNS = ITERATION_COLUMNS[:9]
-#: the paper's memory swaps nothing out; a replica of a cluster marks requests routed elsewhere (dropped on merging)
-PAPER_STATE_NAMES = np.array([*STATE_NAMES[:5], "", "elsewhere"])
 
 
 def paper_result(engine, log, status, message, clearing: int) -> EngineResult:
@@ -139,7 +136,7 @@ def paper_result(engine, log, status, message, clearing: int) -> EngineResult:
     evictions = np.array(engine.pre_rec, dtype=np.int64)
     requests = pd.DataFrame({
         "request_id": r.request_id, "arrival_time": a, "prompt_tokens": r.prompt_tokens, "output_tokens": o,
-        "predicted_output_tokens": engine.pred, "state": PAPER_STATE_NAMES[state],
+        "predicted_output_tokens": engine.pred, "state": STATE_NAMES[state],  # never swapped on this memory
         "first_scheduled_time": np.array(engine.first_sched), "first_token_time": first_token,
         "completion_time": completion, "ttft": first_token - a, "e2e_latency": completion - a, "mean_tbt": mean_tbt,
         "max_tbt": max_tbt, "preemptions": evictions, "restarts": evictions.copy(),

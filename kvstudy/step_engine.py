@@ -524,6 +524,11 @@ class StepEngine:
                 self._free(i, computed=self.s_list[i] + self.o_list[i] - 1)
             self.reserved_ids.discard(i)
 
+    def _in_flight(self, end: float, kv: int) -> None:
+        """In a cluster, an iteration that finishes requests: the load it ran with (outstanding requests, KV in use),
+        which a router sees until ``end`` (the loop pauses after applying the finishes; kvstudy/cluster/driver.py)."""
+        self.inflight = (end, len(self.waiting) + len(self.running) + len(self.swapped), kv)
+
     def _reserved_blocks(self) -> int:
         """Blocks held beyond the running requests' contexts (chunked prefills, reservations)."""
         gpu, bs, s = self.memory.gpu, self.memory.block_size, self.s_list
@@ -651,8 +656,9 @@ class StepEngine:
         since_completion = 0  # clearing events since a request last completed (engine.stall_limit)
 
         def wake():
-            """The clock an idle engine jumps to (None: nothing left to arrive): the next arrival, a whole round under
-            latency=unit on the paper's memory; under authors_code that request joins the queue at once, alone."""
+            """The next arrival, which an idle engine jumps to (None: nothing left to arrive; the caller rounds it up to a
+            whole round under latency=unit on the paper's memory); under authors_code that request joins the queue at
+            once, alone."""
             nonlocal nxt
             if strict:
                 while nxt < n and state[nxt] != FUTURE:  # rejected requests never arrive
@@ -662,10 +668,8 @@ class StepEngine:
                 state[nxt] = WAITING
                 waiting.append(nxt)
                 nxt += 1
-                return float(math.ceil(a[nxt - 1])) if at_start else a[nxt - 1]
-            if nxt >= n:
-                return None
-            return float(math.ceil(a[nxt])) if at_start else a[nxt]
+                return a[nxt - 1]
+            return a[nxt] if nxt < n else None
 
         try:
             horizon = -math.inf  # in a cluster: the next arrival; decisions before it need no routing first
@@ -683,7 +687,7 @@ class StepEngine:
                     woke = (yield IDLE) if cluster else wake()
                     if woke is None:
                         break
-                    t = float(math.ceil(woke)) if cluster and at_start else woke
+                    t = float(math.ceil(woke)) if at_start else woke
                     horizon = -math.inf  # woken: first others arriving at that instant are routed
                     continue
                 if step >= self.max_iterations:
@@ -757,9 +761,8 @@ class StepEngine:
                     self.decode_ctx = ctx_now + n_dec - left_ctx
                     self.decode_prompts -= left_prompts
                     if finished:
-                        if cluster:  # what a router sees of this replica until the iteration ends (ReplicaView)
-                            self.inflight = (end, len(waiting) + len(running) + len(swapped),
-                                             mem.used if tracks else ctx_now + n_dec)
+                        if cluster:
+                            self._in_flight(end, mem.used if tracks else ctx_now + n_dec)
                         since_completion = 0
                         self._finish(finished, stamp, step)
                         completed += len(finished)
@@ -839,7 +842,7 @@ class StepEngine:
                     if not (d.preempt or d.swap_in or running or swapped):
                         woke = (yield IDLE) if cluster else wake()
                         if woke is not None:
-                            if cluster and at_start:
+                            if at_start:
                                 woke = float(math.ceil(woke))
                             t = max(t, woke)  # idle: nothing runs until the next arrival
                             horizon = -math.inf
@@ -940,9 +943,8 @@ class StepEngine:
                 self.decode_ctx -= left_ctx
                 self.decode_prompts -= left_prompts
                 if finished:
-                    if cluster:  # what a router sees of this replica until the iteration ends (ReplicaView)
-                        self.inflight = (end, len(waiting) + len(running) + len(swapped),
-                                         mem.used if tracks else ctx_now + n_dec)
+                    if cluster:
+                        self._in_flight(end, mem.used if tracks else ctx_now + n_dec)
                     since_completion = 0
                     self._finish(finished, stamp, step)
                 completed += len(finished)

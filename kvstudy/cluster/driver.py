@@ -50,20 +50,23 @@ class ReplicaView:
     def waiting(self) -> int:  # changes only at decisions: never ahead of the arrival
         return len(self.engine.waiting) + self.pending
 
+    def _flight(self):
+        """(end, outstanding, KV) of the iteration in flight at the arrival, if it finishes requests; else None."""
+        flight = self.engine.inflight
+        return flight if flight is not None and self.now[0] < flight[0] else None
+
     @property
     def outstanding(self) -> int:
-        e = self.engine
-        flight = e.inflight
-        if flight is not None and self.now[0] < flight[0]:
+        e, flight = self.engine, self._flight()
+        if flight is not None:
             return flight[1] + self.pending
         return len(e.waiting) + len(e.running) + len(e.swapped) + self.pending
 
     @property
     def kv_blocks(self) -> int:
         """KV in use: blocks on paged memory, tokens (decode contexts + one each) on the paper's memory."""
-        e = self.engine
-        flight = e.inflight
-        if flight is not None and self.now[0] < flight[0]:
+        e, flight = self.engine, self._flight()
+        if flight is not None:
             return flight[2]
         return e.memory.used if e.memory.tracks_blocks else e.decode_ctx + len(e.running)
 
@@ -159,19 +162,19 @@ def drive(engines: Sequence, router, arrival: Sequence[float]):
 def merge(engines: Sequence, results: Sequence[EngineResult], routed: np.ndarray, router_name: str) -> EngineResult:
     """One run's records from its replicas': each request's row from the replica it was routed to (a ``replica``
     column; -1 for requests rejected up front), the iterations of all replicas (a ``replica`` column, in time order),
-    the cluster's status (the first replica that did not complete), and per-replica facts in ``extra['cluster']``."""
+    the cluster's status (an interrupted replica's, else the first that did not complete; ``nothing_served`` over
+    all requests), and per-replica facts in ``extra['cluster']``."""
     first = results[0]
     order = np.argsort(engines[0].r.request_id, kind="stable")  # the requests tables are sorted by request_id
     where = routed[order]
     tables = [res.requests for res in results]
+    masks = [(r, where == r) for r in range(1, len(results))]
     requests = tables[0].copy()
-    for r in range(1, len(results)):
-        mask = where == r
-        if mask.any():
-            for col in requests.columns:
-                values = requests[col].to_numpy(copy=True)
-                values[mask] = tables[r][col].to_numpy()[mask]
-                requests[col] = values
+    for col in requests.columns:  # replica 0's table, each other replica's requests taken from its own
+        values = requests[col].to_numpy(copy=True)
+        for r, mask in masks:
+            values[mask] = tables[r][col].to_numpy()[mask]
+        requests[col] = values
     requests["replica"] = where
     iterations = pd.concat([res.iterations.assign(replica=r) for r, res in enumerate(results)], ignore_index=True)
     iterations = iterations.sort_values("start", kind="stable").reset_index(drop=True)
@@ -237,8 +240,6 @@ def _replica_summary(r: int, res: EngineResult, where: np.ndarray) -> dict:
            "median_ttft": float(done["ttft"].median()) if len(done) else None,
            "preemptions": int(req["preemptions"].sum())}
     if "prefix_cached_tokens" in req:
-        started = req["first_scheduled_time"].notna()
-        prompt = int(req.loc[started, "prompt_tokens"].sum())
-        out["prefix_hit_rate"] = int(req.loc[started, "prefix_cached_tokens"].sum()) / prompt if prompt else 0.0
+        out["prefix_hit_rate"] = records.prefix_summary(req, it)["hit_rate"]
     return out
 

@@ -170,13 +170,17 @@ class PagedMemory:
         add = blocks - have
         if add > 0:
             self.gpu[i] = blocks
-            if self.cache is not None:
-                self.cache.grow(i, add)
-                self.used = self.cache.used
-            else:
-                self.used += add
+            self._take(i, add)
             return add
         return 0
+
+    def _take(self, i: int, blocks: int) -> None:
+        """``blocks`` more blocks of request i's own in use (with prefix caching, taken through the cache)."""
+        if self.cache is not None:
+            self.cache.grow(i, blocks)
+            self.used = self.cache.used
+        else:
+            self.used += blocks
 
     def lend(self, host: int, guest: int, blocks: int) -> None:
         """Move ``blocks`` of the host's held blocks to the guest (CacheOPT's embedding)."""
@@ -226,11 +230,7 @@ class PagedMemory:
         blocks = self.host.pop(i)
         self.host_used -= blocks
         self.gpu[i] = blocks
-        if self.cache is not None:
-            self.cache.grow(i, blocks)  # back as its own blocks
-            self.used = self.cache.used
-        else:
-            self.used += blocks
+        self._take(i, blocks)  # with prefix caching: back as its own blocks
         return blocks
 
     # --- prefix caching (``prefix_caching=true``; the engine calls these only then) ---------------------------
@@ -276,8 +276,7 @@ class PagedMemory:
         it schedules it (``advance``; vLLM v1 caches at scheduling)."""
         blocks = self.gpu[i] = self.blocks(tokens)
         if self._segments(i) is None:  # it shares nothing: blocks of its own, nothing to look up
-            self.cache.grow(i, blocks)
-            self.used = self.cache.used
+            self._take(i, blocks)
             return 0
         keys = self.keys(i, tokens)
         self._memo.pop(i, None)

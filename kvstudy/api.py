@@ -513,6 +513,7 @@ def run(cfg: DictConfig, out_dir, resume=True) -> dict:
     if out.exists() and not out.is_dir():
         raise ConfigError(f"{out}: is a file, not a folder; choose another run folder (hydra.run.dir)")
     mode = _resume_mode(cfg, resume)
+    check_config(cfg)  # before the config is resolved here: an interpolation that fails is named in one line
     resolved = OmegaConf.to_yaml(cfg, resolve=True)
     config_file = out / "resolved_config.yaml"
     summary = finished_summary(out)

@@ -224,3 +224,14 @@ def test_a_router_sees_a_busy_replica_as_it_is_at_the_arrival(tmp_path):
             {"arrival_time": 1.5, "prompt_tokens": 16, "output_tokens": 4}]
     result, _ = api.simulate(_tiny(tmp_path, rows, "cluster.replicas=2", "router=least_kv"))
     assert list(result.requests.replica) == [0, 1, 1]
+
+
+def test_a_bad_mul_interpolation_is_named_before_anything_is_written(tmp_path):
+    """``${mul:...}`` (kvstudy/__init__.py) scales a load with cluster.replicas; a factor that is no number is named
+    by its key in one line, by api.run as by the rest of the checks, and no run folder is written."""
+    cfg = api.compose(SETUPS["vllm_paged"] + FAST + ["demand.rate=${mul:abc,2}"])
+    with pytest.raises(ConfigError, match=r"demand.rate: cannot be resolved .*multiplies numbers, got 'abc'"):
+        api.run(cfg, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+    cfg = api.compose(SETUPS["vllm_paged"] + FAST + ["cluster.replicas=4", "demand.rate='${mul:${cluster.replicas},2.5}'"])
+    assert api.run_context(cfg, latency=False).cfg.demand.rate == 10.0

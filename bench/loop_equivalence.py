@@ -1,6 +1,6 @@
 """The one loop on the paper's memory against the paper loop it replaced (issue 34), on random instances.
 
-    git show 3484668:kvstudy/engine.py > /tmp/old_engine.py
+    git show 3484668:kvstudy/engine/paper_setting.py > /tmp/old_engine.py
     python bench/loop_equivalence.py /tmp/old_engine.py [TRIALS] [FIRST]
 
 Each trial draws 1-39 requests (prompts 1-29, outputs 1-39, arrivals on a grid of quarter rounds or continuous), exact or

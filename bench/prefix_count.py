@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kvstudy import api  # noqa: E402
 from kvstudy.memory.prefix import reusable_tokens  # noqa: E402
-from kvstudy.paths import SHARED_REFERENCE  # noqa: E402
+from kvstudy.running.paths import SHARED_REFERENCE  # noqa: E402
 
 
 def main(argv=None) -> int:

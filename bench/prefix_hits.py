@@ -14,7 +14,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kvstudy.memory.prefix import lru_hit_rate  # noqa: E402
-from kvstudy.paths import SHARED_REFERENCE  # noqa: E402
+from kvstudy.running.paths import SHARED_REFERENCE  # noqa: E402
 
 
 def hit_rate(trace, num_blocks: int, block: int = 16) -> float:

@@ -100,7 +100,7 @@ def main(argv=None) -> int:
     traces = list(args.trace)
     columns = [f"workload.columns.{kv}" for kv in args.columns.split(",") if kv]
     if args.traces:
-        from kvstudy.paths import SHARED_REFERENCE
+        from kvstudy.running.paths import SHARED_REFERENCE
 
         folder = SHARED_REFERENCE / "vidur-data" / "traces"
         if not folder.exists():

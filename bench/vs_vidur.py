@@ -61,7 +61,7 @@ class VidurKeys:
 
 
 def requests(workload: str, n: int, replicas: int = 1):
-    from kvstudy.paths import SHARED_REFERENCE
+    from kvstudy.running.paths import SHARED_REFERENCE
     from kvstudy.workloads.arrivals import poisson
     from kvstudy.workloads.lmsys import lmsys
     import pandas as pd

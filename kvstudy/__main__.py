@@ -9,7 +9,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from kvstudy.paths import CONF_DIR
+from kvstudy.running.paths import CONF_DIR
 
 
 def _time_unit(summary: dict) -> str:
@@ -63,12 +63,21 @@ def _print_summary(summary: dict, folder: str) -> None:
     print(f"outputs: {folder}")
 
 
+def _log_to_file(message: str) -> None:
+    """``message`` into the run's log file (Hydra's ``<run>/__main__.log``) only: the terminal gets it once, on stderr,
+    from ``report`` (the console handler would print it a second time)."""
+    record = logging.LogRecord("kvstudy", logging.ERROR, __file__, 0, message, None, None)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
+
+
 def _internal_error(exc: Exception, folder: str) -> int:
     """An exception that is no user error (a bug in a policy's code, or in kvstudy): its traceback on stderr and in
     the run's error.txt, then one line; status 1."""
     import traceback
 
-    from kvstudy.sweep_callback import internal_error_text, record_error
+    from kvstudy.running.sweep_callback import internal_error_text, record_error
 
     print("".join(traceback.format_exception(exc)), file=sys.stderr, end="")
     record_error(folder, internal_error_text(exc))
@@ -82,7 +91,7 @@ def main(cfg: DictConfig) -> None:
     from hydra.types import RunMode
 
     from kvstudy.errors import KvStudyError, report
-    from kvstudy.sweep_callback import run_recording_errors
+    from kvstudy.running.sweep_callback import run_recording_errors
 
     # a warning is one line on the command line, as errors are (in every sweep worker too: this runs there)
     warnings.formatwarning = lambda message, category, *args, **kwargs: f"warning: {message}\n"
@@ -91,7 +100,7 @@ def main(cfg: DictConfig) -> None:
     try:  # a user error is recorded in the run's folder (error.txt and Hydra's log) as well as printed
         summary = run_recording_errors(cfg, folder)
     except KvStudyError as exc:
-        logging.getLogger("kvstudy").error("error: %s", exc)
+        _log_to_file(f"error: {exc}")
         if multirun:  # one bad value of a sweep fails its own run only; FailedRuns counts it at the end
             report(exc)
             return
@@ -120,8 +129,8 @@ def main(cfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     from kvstudy.errors import KvStudyError, report
-    from kvstudy.cli_overrides import command_line
-    from kvstudy.validate import check_overrides
+    from kvstudy.config.cli_overrides import command_line
+    from kvstudy.config.validate import check_overrides
 
     try:
         check_overrides(sys.argv[1:])

@@ -24,7 +24,7 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from kvstudy.errors import ConfigError
-from kvstudy.outputs import finished_summary
+from kvstudy.running.outputs import finished_summary
 
 
 def _flatten(prefix: str, value: Any, out: Dict[str, Any]) -> None:

@@ -9,7 +9,7 @@ another, then the paper's notebooks executed headless to HTML.
   optimum study resumes (``--resume``), and a command whose output file exists is not run again. So a stopped
   reproduction (Ctrl-C, a crash, a killed job) goes on where it stopped when the same command is given again.
   A sweep skips a finished run only if kvstudy's code is the code that made it (``resume=code``,
-  kvstudy/provenance.py); ``-- resume=config`` keeps every finished run of the same config whatever the code.
+  kvstudy/running/provenance.py); ``-- resume=config`` keeps every finished run of the same config whatever the code.
 * Progress: one line per experiment, ``[k/N] <command>`` then its wall time (and how many of its runs were done
   before). Each command's own output goes to ``outputs/reproduce/<paper>/logs/``.
 * The notebooks (``notebooks/``) then run headless on the results and are written as HTML to
@@ -21,8 +21,9 @@ another, then the paper's notebooks executed headless to HTML.
   the command sets itself replaces it), e.g. ``-- hardware=a100_vidur_default``.
 
 Everything runs in the current directory, as the README's commands do: results under ``./outputs``.
-A failing experiment stops the reproduction with one ``error:`` line naming it, its command and its log (exit 1);
-a bad argument gives one ``error:`` line and exit 2.
+A failing experiment stops the reproduction with one ``error:`` line naming it, why (its first ``error:`` line),
+its command and its log (exit 1); a bad argument, or an override after ``--`` that an experiment's command would
+refuse (checked for every experiment before anything runs, ``--dry-run`` too), gives one ``error:`` line and exit 2.
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from kvstudy.errors import ConfigError, report
-from kvstudy.paths import REPO_ROOT
+from kvstudy.running.paths import REPO_ROOT, prepare_dir
 
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
 GALLERY_DIR = REPO_ROOT / "docs" / "gallery"
@@ -202,7 +203,7 @@ PAPERS: Dict[str, Paper] = {
 
 
 def _parser() -> argparse.ArgumentParser:
-    from kvstudy.validate import one_line_parser  # usage errors in one line, as every kvstudy command's
+    from kvstudy.config.validate import one_line_parser  # usage errors in one line, as every kvstudy command's
 
     p = one_line_parser()(prog="python -m kvstudy.reproduce",
                 description="Run a paper's experiments (resumable), then execute its notebooks to HTML.")
@@ -262,7 +263,7 @@ def _duration(seconds: float) -> str:
 
 _LAUNCHED = re.compile(r"^\[kvstudy launcher\] (\d+) runs", re.M)
 _SKIPPED = re.compile(r": complete already, skipped$", re.M)
-_STALE = "a finished run of this config was made by other code"  # kvstudy/api.py's warning (resume=code)
+_STALE = "a finished run of this config was made by other code"  # kvstudy/running/execute.py's warning (resume=code)
 
 
 def _sweep_note(log: Path) -> str:
@@ -275,6 +276,41 @@ def _sweep_note(log: Path) -> str:
     notes = ([f"{skipped} done before"] if skipped else []) + \
         ([f"{stale} re-run: finished by other code, see resume=config"] if stale else [])
     return f", {runs} runs" + (f" ({'; '.join(notes)})" if notes else "")
+
+
+def failure_reason(log: Path) -> str:
+    """Why a command failed, from its log: its first ``error:`` line (and how many more there are), else the log's
+    last line (a traceback's exception), so the terminal says it and not only the log."""
+    text = log.read_text(errors="replace") if log.exists() else ""
+    lines = [ln.strip() for ln in text.splitlines()[1:] if ln.strip()]  # the first line is the command
+    errors = [ln[len("error: "):] for ln in lines if ln.startswith("error: ")]
+    if errors:
+        return errors[0] + (f" (and {len(errors) - 1} more error line(s) in the log)" if len(errors) > 1 else "")
+    return lines[-1] if lines else ""
+
+
+def check_step_overrides(papers: Sequence[str], jobs: Optional[int], overrides: Sequence[str]) -> None:
+    """The overrides after ``--`` in every experiment's command line, checked as ``python -m kvstudy`` checks its own
+    (kvstudy/config/validate.py ``check_overrides``: a key no chosen option has or takes, a group chosen twice, ...),
+    before anything runs, with or without --dry-run: one error line naming the experiment."""
+    if not overrides:
+        return
+    from kvstudy.config.validate import check_overrides
+
+    for paper in papers:
+        steps = plan(paper, jobs, overrides)
+        for k, (step, args) in enumerate(steps, 1):
+            if step.module == "kvstudy":
+                argv = list(args)
+            elif step.module == "kvstudy.studies":  # the alpha search composes +policy=alpha_greedy with them
+                argv = ["+policy=alpha_greedy"] + [a for a in args[1:] if not a.startswith("out=")]
+            else:
+                continue
+            try:
+                check_overrides(argv)
+            except ConfigError as exc:
+                raise ConfigError(f"{exc} (-- {' '.join(overrides)}, in experiment {k}/{len(steps)} of {paper}: "
+                                  f"{_shown(step.module, args)})") from None
 
 
 def run_steps(paper: str, results: Path, jobs: Optional[int], overrides: Sequence[str]) -> Optional[str]:
@@ -306,8 +342,9 @@ def run_steps(paper: str, results: Path, jobs: Optional[int], overrides: Sequenc
         elapsed = time.monotonic() - start
         if proc.returncode != 0:
             print(f"failed after {_duration(elapsed)}", flush=True)
+            reason = failure_reason(log)
             return (f"experiment {k}/{len(steps)} of {paper} ({step.item}) failed with status {proc.returncode}: "
-                    f"{shown} (log: {log})")
+                    f"{reason + '; command: ' if reason else ''}{shown} (log: {log})")
         print(f"{_duration(elapsed)}{_sweep_note(log) if step.sweep else ''}", flush=True)
     print(f"{PAPERS[paper].title}: experiments done in {_duration(time.monotonic() - start_all)}", flush=True)
     return None
@@ -454,6 +491,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                              f"e.g. -- hardware=a100_vidur_default")
         if args.jobs is not None and args.jobs < 1:
             raise ConfigError(f"--jobs {args.jobs}: allowed a positive number of worker processes")
+        check_step_overrides(list(PAPERS) if args.paper == "all" else [args.paper], args.jobs, args.overrides)
+        prepare_dir("outputs", fix="run it from a folder where it can write outputs/", create=False)  # all goes there
     except ConfigError as exc:
         return report(exc)
     papers = list(PAPERS) if args.paper == "all" else [args.paper]

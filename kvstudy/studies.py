@@ -21,7 +21,8 @@ from typing import List
 import numpy as np
 
 from kvstudy import api
-from kvstudy.atomic import write_text_atomic
+from kvstudy.running.atomic import write_text_atomic
+from kvstudy.running.paths import prepare_dir, prepare_file
 from kvstudy.errors import cli_entry
 
 
@@ -49,16 +50,20 @@ def main(argv=None) -> int:
             out_dir = Path(arg.split("=", 1)[1])
         else:
             overrides.append(arg)
-    rows = alpha_search(overrides)
     cfg = api.compose(["+policy=alpha_greedy"] + overrides)
     demand = cfg.get("demand")
+    name = demand.name if demand is not None else "trace"
+    given = out_dir is not None
     if out_dir is None:
         out_dir = Path("outputs/alpha_search") / str(cfg.regime.folder)
+    # the output checked and its folder made before the scan (kvstudy/running/paths.py): one line for any mistake
+    prepare_dir(out_dir, "out" if given else None, fix="choose another folder (out=DIR)")
+    prepare_file(out_dir / f"{name}.json", fix="choose another folder (out=DIR)")
+    rows = alpha_search(overrides)
     for alpha, status, clearing, mean in rows:
         print(f"alpha={alpha:.2f}  {status:12s} clearing events {clearing:4d}  mean e2e {mean if mean is None else round(mean, 2)}")
     done = [r for r in rows if r[1] == "completed"]
     print(f"smallest terminating alpha: {done[0][0]:.2f}" if done else "no alpha in the scan terminated")
-    name = demand.name if demand is not None else "trace"
     record = {"overrides": overrides, "smallest_terminating_alpha": done[0][0] if done else None,
               "rows": [{"alpha": a, "status": st, "clearing_events": c, "mean_e2e": m} for a, st, c, m in rows]}
     write_text_atomic(out_dir / f"{name}.json", json.dumps(record, indent=1) + "\n")

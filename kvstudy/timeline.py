@@ -53,7 +53,7 @@ def gantt(run, requests: Optional[Iterable[int]] = None, ax=None, limit: int = 6
     ids = list(requests) if requests is not None else reqs.sort_values("arrival_time").request_id[:limit].tolist()
     seg = lives(events[events.request_id.isin(ids)], reqs)
     if ax is None:
-        _, ax = plt.subplots(figsize=(9, max(2.0, 0.18 * len(ids))))
+        _, ax = plt.subplots(figsize=(9, max(2.0, 0.18 * len(ids))), layout="constrained")  # savefig keeps labels
     row = {rid: k for k, rid in enumerate(ids)}
     for state, part in seg.groupby("state"):
         for rid, s, e in zip(part.request_id, part.start, part.end):
@@ -72,7 +72,7 @@ def memory(run, ax=None):
 
     it = run.iterations
     if ax is None:
-        _, ax = plt.subplots(figsize=(9, 3))
+        _, ax = plt.subplots(figsize=(9, 3), layout="constrained")
     ax.step(it.start, it.kv_tokens_in_use, where="post", label="KV tokens in use", lw=0.8)
     ax.axhline(float(it.capacity.max()) if len(it) else 0.0, color="k", ls="--", lw=0.8, label="capacity (tokens)")
     if "blocks_used" in it and len(it):

@@ -7,7 +7,7 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from kvstudy.paths import SHARED_REFERENCE  # noqa: E402
+from kvstudy.running.paths import SHARED_REFERENCE  # noqa: E402
 
 SHARED_REASON = f"needs the shared reference data at {SHARED_REFERENCE} (set KVSTUDY_SHARED to its path)"
 needs_shared = pytest.mark.skipif(not SHARED_REFERENCE.exists(), reason=SHARED_REASON)
@@ -27,7 +27,7 @@ def llama_tp2_latency():
     """Vidur's predictor for llama2_70b on a100_tp2 (trained once per session, ~20 s cold)."""
     from kvstudy.latency.models import vidur
     from kvstudy.latency.tables import HardwareSpec
-    from kvstudy.paths import load_model_arch
+    from kvstudy.running.paths import load_model_arch
 
     return vidur(load_model_arch("llama2_70b"), HardwareSpec("a100_tp2", "a100", "a100_pairwise_nvlink", 2),
                  capacity_tokens=16492)

@@ -2,10 +2,10 @@
 from kvstudy.latency.models import LinearLatency
 from kvstudy.latency.tables import HardwareSpec
 from kvstudy.memory import PagedMemory
-from kvstudy.paths import load_model_arch
+from kvstudy.running.paths import load_model_arch
 from kvstudy.policies.step import StepPolicy
-from kvstudy.step_engine import StepEngine
-from kvstudy.swap_models import PcieSwap
+from kvstudy.engine.assembly import build_engine
+from kvstudy.costs.swap_models import PcieSwap
 
 ARCH = load_model_arch("llama2_70b")
 HW = HardwareSpec("a100_tp2", "a100", "a100_pairwise_nvlink", 2)
@@ -27,8 +27,8 @@ def step_engine(req, policy, capacity=16, block_size=4, watermark=0.0, swap_spac
     policy.reset(seed)
     memory = PagedMemory(capacity, block_size=block_size, watermark=watermark, swap_space_gb=swap_space_gb,
                          decode_block_check=decode_block_check, prefix_caching=prefix_caching)
-    return StepEngine(req, req.output_tokens if predicted is None else predicted, policy, latency, memory, swap or PcieSwap(), ARCH, HW,
-                      stall_limit=stall_limit, direction=direction)
+    return build_engine(req, req.output_tokens if predicted is None else predicted, policy, latency, memory,
+                        swap or PcieSwap(), ARCH, HW, stall_limit=stall_limit, direction=direction)
 
 
 class Recorder(StepPolicy):
@@ -60,8 +60,8 @@ class Recorder(StepPolicy):
             assert mem.held(i) >= mem.blocks(ctx)
         assert mem.used <= mem.num_blocks and mem.host_used <= mem.host_blocks_total
         past = [i for i in view.running if not view.in_prefill(i)]  # the engine's running sums, kept incrementally
-        assert view._engine.decode_prompts == sum(view.prompt[i] for i in past)
-        assert view._engine.decode_ctx == sum(view.prompt[i] + view.generated[i] - 1 for i in past)
+        assert view._state.decode_prompt_tokens == sum(view.prompt[i] for i in past)
+        assert view._state.decode_context_tokens == sum(view.prompt[i] + view.generated[i] - 1 for i in past)
         d = self.inner.step(view)
         for i in d.swap_in + [i for i, _ in d.prefill if i in self.at_preemption]:
             assert view.generated[i] == self.at_preemption.pop(i)

@@ -205,7 +205,7 @@ class Returns(Policy):
 def test_a_bad_admission_answer_is_named_in_one_line(value, match, memory):
     from kvstudy.engine import Engine
     from kvstudy.latency.models import UnitLatency
-    from kvstudy.states import PolicyError
+    from kvstudy.engine.states import PolicyError
 
     req = make_instance(np.array([2, 2]), np.array([2, 2]))
     policy = Returns(value)
@@ -216,7 +216,7 @@ def test_a_bad_admission_answer_is_named_in_one_line(value, match, memory):
 
 
 def test_what_is_not_a_policy_and_what_over_admits_are_named():
-    from kvstudy.states import PolicyError
+    from kvstudy.engine.states import PolicyError
 
     req = make_instance(np.array([8, 8]), np.array([2, 2]))
 
@@ -233,20 +233,20 @@ def test_what_is_not_a_policy_and_what_over_admits_are_named():
         step_engine(req, Returns([0, 1]), capacity=12, block_size=4).run()
 
 
-def test_the_paper_loops_settings_are_refused_on_paged_memory_by_the_engine():
+def test_the_paper_loops_settings_are_refused_on_paged_memory_when_the_engine_is_assembled():
     req = make_instance(np.array([2]), np.array([2]))
     from tests.step_helpers import ARCH, HW
     from kvstudy.memory import PagedMemory
-    from kvstudy.step_engine import StepEngine
-    from kvstudy.swap_models import PcieSwap
+    from kvstudy.engine.assembly import build_engine
+    from kvstudy.costs.swap_models import PcieSwap
     from kvstudy.latency.models import UnitLatency
 
     for kw, match in [({"raise_prediction_on_eviction": True}, "Fig. 5 remedy"), ({"max_batch": 2}, "engine.max_batch=2"),
                       ({"arrivals": "authors_code"}, "engine.arrivals=authors_code"),
                       ({"overflow_cost": "authors_code"}, "engine.overflow_cost=authors_code")]:
         with pytest.raises(ConfigError, match=match):
-            StepEngine(req, req.output_tokens, MCSF(), UnitLatency(), PagedMemory(32, block_size=4), PcieSwap(), ARCH,
-                       HW, **kw)
+            build_engine(req, req.output_tokens, MCSF(), UnitLatency(), PagedMemory(32, block_size=4), PcieSwap(),
+                         ARCH, HW, **kw)
 
 
 def test_no_watermark_rejection_for_an_admission_policy():

@@ -209,7 +209,7 @@ def test_batch_cap_is_refused_where_it_means_nothing():
                                       "engine.max_batch=1e3"])
 def test_each_piece_of_the_regime_is_a_known_key_on_the_command_line(override):
     # keys whose defaults are interpolations (${regime...}) are keys like any other for the command line's checks
-    from kvstudy.validate import check_overrides
+    from kvstudy.config.validate import check_overrides
 
     check_overrides(["+policy=alpha_greedy", override])
     cfg = api.compose(["+policy=alpha_greedy", "+demand=high", "workload.num_requests=30", "latency=unit",

@@ -1,7 +1,7 @@
 """Every key of every config group refuses bad values in ONE line naming that key (issue 35).
 
 The keys are not listed here: they come from composing every option of every group (conf/) and from the schema
-(kvstudy/schema.py), so a key added to a YAML is covered as soon as it exists, and a key the schema does not
+(kvstudy/config/schema.py), so a key added to a YAML is covered as soon as it exists, and a key the schema does not
 declare fails ``test_the_schema_declares_every_key``. For each key, bad values of every kind its declaration
 rules out are drawn (a wrong type, inf/nan, negative, zero, 1e30, a fraction where a whole number is due, just
 past a bound) and checked in-process (``validate.check_config``: milliseconds each); a Hypothesis test draws more
@@ -23,9 +23,9 @@ from omegaconf import OmegaConf, open_dict
 
 from kvstudy import api
 from kvstudy.errors import ConfigError, DataError
-from kvstudy.paths import CONF_DIR, REPO_ROOT
-from kvstudy.schema import SCHEMA, Key, key_spec
-from kvstudy.validate import _leaves, check_config, check_overrides
+from kvstudy.running.paths import CONF_DIR, REPO_ROOT
+from kvstudy.config.schema import SCHEMA, Key, key_spec
+from kvstudy.config.validate import _leaves, check_config, check_overrides
 
 APPENDED = {"policy", "demand", "algo"}
 GROUP_DIRS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name not in ("hydra", "experiment"))
@@ -186,11 +186,11 @@ def test_the_schema_declares_every_key():
         plain = OmegaConf.to_container(_compose(tuple(overrides)), resolve=True)
         for name, node in _groups_of(plain):
             keys, known = SCHEMA[name].keys_for(node)
-            assert known, f"{name} option {node.get(SCHEMA[name].by)} of {overrides} is not in kvstudy/schema.py"
+            assert known, f"{name} option {node.get(SCHEMA[name].by)} of {overrides} is not in kvstudy/config/schema.py"
             for key, _ in _leaves(node, keys):
                 if not key.rsplit(".", 1)[-1].startswith("_") and key_spec(name, keys, key) is None:
                     missing.add(f"{name}.{key}" if name else key)
-    assert not missing, f"keys without a declaration in kvstudy/schema.py: {sorted(missing)}"
+    assert not missing, f"keys without a declaration in kvstudy/config/schema.py: {sorted(missing)}"
 
 
 def test_boundary_values_are_allowed():

@@ -7,10 +7,10 @@ import pytest
 
 from kvstudy import api
 from kvstudy.errors import ConfigError, DataError
-from kvstudy.padding import (adaptive_confidence, confidence_factor, error_ranges, padded_output, padding)
-from kvstudy.paths import SHARED_REFERENCE
-from kvstudy.predictors import bucket_accuracy, direction, lognormal_noise, within_accuracy
-from kvstudy.workloads.cacheopt import TABLE1, cacheopt_trace, lognormal_fit, synthetic, truncated_mean
+from kvstudy.cacheopt.padding import (adaptive_confidence, confidence_factor, error_ranges, padded_output, padding)
+from kvstudy.running.paths import SHARED_REFERENCE
+from kvstudy.costs.predictors import bucket_accuracy, direction, lognormal_noise, within_accuracy
+from kvstudy.cacheopt.workloads import TABLE1, cacheopt_trace, lognormal_fit, synthetic, truncated_mean
 from tests.conftest import make_instance
 
 EXTRA = SHARED_REFERENCE / "traces-extra"

@@ -1,4 +1,4 @@
-"""CacheOPT as a step policy (kvstudy/policies/cacheopt.py) on hand-worked schedules, with the engine's loans.
+"""CacheOPT as a step policy (kvstudy/cacheopt/policy.py) on hand-worked schedules, with the engine's loans.
 
 The schedules use the test engine's 1 s iterations, blocks of 4 tokens, exact predictions (the error ranges are
 empty, so the padding is 0 and s_o = X^) and per-request SLOs set by hand, so every number below can be followed
@@ -12,7 +12,7 @@ from kvstudy.cacheopt import setup
 from kvstudy.engine import PolicyError
 from kvstudy.errors import ConfigError
 from kvstudy.memory import PagedMemory
-from kvstudy.policies.cacheopt import CacheOPT
+from kvstudy.cacheopt.policy import CacheOPT
 from kvstudy.policies.step import Decision, StepPolicy
 from kvstudy.preemption_cost import PreemptionCost
 from tests.conftest import make_instance

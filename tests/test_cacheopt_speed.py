@@ -30,7 +30,7 @@ RUNS = {
 def decisions(overrides):
     """(hash, steps) of CacheOPT's decisions on 600 requests of the main comparison's setting, seed 0."""
     from kvstudy import api
-    from kvstudy.policies import cacheopt
+    from kvstudy.cacheopt import policy as cacheopt
 
     log, policies = [], []
     step = cacheopt.CacheOPT.step

@@ -4,8 +4,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kvstudy import api, slo
+from kvstudy import api
+from kvstudy.cacheopt import slo
 from kvstudy.cacheopt import setup, study
+from kvstudy.running import assemble
 
 BASE = ["model=opt_13b", "hardware=a100_tp1", "latency=linear", "predictor=lognormal_noise", "workload=sharegpt",
         "+demand=table1_rate", "demand.scale=0.3", "memory=paged", "memory.capacity_tokens=20000",
@@ -48,7 +50,8 @@ def test_direction_classifier_has_the_configured_accuracy():
 
 
 def test_fixed_references_skip_the_baseline_runs(monkeypatch):
-    monkeypatch.setattr(api, "simulate", None)  # must not be called for the reference
+    # must not be called for the reference (run_context hands the policy assemble's simulate, not the facade's)
+    monkeypatch.setattr(assemble, "simulate", None)
     cfg = api.compose(BASE + ["+policy=cacheopt", "policy.slo.ttft_ref=2.0", "policy.slo.tbt_ref=0.1"])
     assert setup.slo_reference(api.run_context(cfg, latency=False), api.build_policy(cfg)) == (2.0, 0.1)
 

@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 from kvstudy.api import options
-from kvstudy.paths import REPO_ROOT
+from kvstudy.running.paths import REPO_ROOT
 
 
 def kvstudy(*args, cwd=REPO_ROOT):
@@ -42,3 +42,13 @@ def test_latency_printout():
                           timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert "(a) one 512-token prefill" in proc.stdout and " ms" in proc.stdout
+
+
+def test_an_error_is_printed_once_and_kept_in_the_log(tmp_path):
+    """A bad value inside a run: one ``error:`` line on the terminal (stderr), none on stdout, and the same line in
+    the run's log file and error.txt (issue 46: it was printed twice, the log line and stderr)."""
+    proc = kvstudy("+policy=mcsf", "+demand=high", "seed=-1", f"hydra.run.dir={tmp_path}")
+    assert proc.returncode == 2
+    line = "error: seed=-1: allowed a whole number >= 0 and <= 4,294,967,295"
+    assert proc.stderr.strip() == line and "error" not in proc.stdout
+    assert line in (tmp_path / "__main__.log").read_text() and "seed=-1" in (tmp_path / "error.txt").read_text()

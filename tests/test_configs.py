@@ -2,8 +2,8 @@
 import pytest
 
 from kvstudy import api
-from kvstudy.arch import ModelArch
-from kvstudy.paths import CONF_DIR
+from kvstudy.costs.arch import ModelArch
+from kvstudy.running.paths import CONF_DIR
 
 GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name != "hydra")  # launchers: test_sweeps
 APPENDED = {"policy", "demand", "algo", "experiment"}  # not in the defaults list: chosen with +group=option
@@ -36,7 +36,7 @@ def test_every_option_composes(group, option):
         assert plain["hydra"]["mode"] == "MULTIRUN" and plain["hydra"]["sweeper"]["params"] and \
             plain["hydra"]["sweep"]["dir"]
         assert cfg.engine.progress is False
-    from kvstudy.validate import check_config
+    from kvstudy.config.validate import check_config
 
     check_config(cfg)  # every shipped option passes the value checks (an experiment's capacity: auto, say)
 

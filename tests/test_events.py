@@ -1,4 +1,4 @@
-"""record.events=true (kvstudy/events.py): the events and batches reconcile with requests.parquet and
+"""record.events=true (kvstudy/engine/events.py): the events and batches reconcile with requests.parquet and
 iterations.parquet, for every kind of run (paper memory with clearing events, paged with recompute, swap and
 swap fallbacks, chunked prefill); off, nothing is recorded."""
 import numpy as np
@@ -112,3 +112,11 @@ def test_lives_and_pictures(tmp_path):
         assert (part.start.to_numpy()[1:] == part.end.to_numpy()[:-1]).all()  # contiguous
     assert timeline.gantt(run, limit=30) is not None
     assert timeline.memory(run) is not None
+    # saved as a user saves them (savefig, no bbox_inches): every axis label inside the picture (issue 46)
+    for ax in (timeline.gantt(run, requests=run.requests.request_id[:3]), timeline.memory(run)):
+        fig = ax.figure
+        fig.savefig(tmp_path / "picture.png")
+        box = fig.bbox
+        for label in (ax.xaxis.label, ax.yaxis.label):
+            extent = label.get_window_extent()
+            assert box.x0 <= extent.x0 and extent.x1 <= box.x1 and box.y0 <= extent.y0 and extent.y1 <= box.y1

@@ -6,7 +6,7 @@ import pytest
 from kvstudy.errors import OutOfRangeError
 from kvstudy.latency.models import LinearLatency, UnitLatency, vidur, vidur_cache_folder
 from kvstudy.latency.tables import HardwareSpec, VidurTables
-from kvstudy.paths import load_model_arch
+from kvstudy.running.paths import load_model_arch
 
 TP2 = HardwareSpec("a100_tp2", "a100", "a100_pairwise_nvlink", 2)
 
@@ -72,7 +72,7 @@ def test_training_is_seeded_and_cache_keyed_by_content(tmp_path, monkeypatch):
     """Two cold builds give identical tables; different CSV bytes give a different cache key."""
     import shutil
 
-    from kvstudy.paths import PROFILES_DIR
+    from kvstudy.running.paths import PROFILES_DIR
 
     arch = load_model_arch("opt_13b")
     hw = HardwareSpec("a100_tp1", "a100", "a100_pairwise_nvlink", 1)
@@ -101,4 +101,4 @@ def test_training_is_seeded_and_cache_keyed_by_content(tmp_path, monkeypatch):
 def test_save_load_roundtrip(tmp_path, llama_tp2_latency):
     llama_tp2_latency.tables.save(tmp_path / "t.npz")
     back = VidurTables.load(tmp_path / "t.npz")
-    assert back.iteration_ms([(100, 0)], 10, 3000) == llama_tp2_latency.tables.iteration_ms([(100, 0)], 10, 3000)
+    assert back.iteration_seconds([(100, 0)], 10, 3000) == llama_tp2_latency.tables.iteration_seconds([(100, 0)], 10, 3000)

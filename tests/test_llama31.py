@@ -6,8 +6,8 @@ import pandas as pd
 import pytest
 
 from kvstudy import api
-from kvstudy.arch import ModelArch
-from kvstudy.paths import CALIBRATION_FILE, PROFILES_DIR, SHARED_REFERENCE, load_model_arch
+from kvstudy.costs.arch import ModelArch
+from kvstudy.running.paths import CALIBRATION_FILE, PROFILES_DIR, SHARED_REFERENCE, load_model_arch
 from tests.conftest import needs_shared
 
 PROFILE = PROFILES_DIR / "compute" / "a100" / "llama31_8b"
@@ -15,7 +15,7 @@ PROFILE = PROFILES_DIR / "compute" / "a100" / "llama31_8b"
 
 @pytest.mark.parametrize("hardware,tp", [("a100_tp1", 1), ("a100_tp2", 2), ("a100_tp4", 4)])
 def test_config_composes(hardware, tp):
-    from kvstudy.validate import check_config
+    from kvstudy.config.validate import check_config
 
     cfg = api.compose(["+policy=vllm", "model=llama31_8b", f"hardware={hardware}"])
     check_config(cfg)
@@ -57,7 +57,7 @@ def test_auto_capacity_is_the_kv_formula(hardware):
     cfg = api.compose(["+policy=vllm", "model=llama31_8b", f"hardware={hardware}", "memory.capacity_tokens=auto"])
     arch, hw, capacity, _ = api.model_setup(cfg, latency=False)
     tp = hw.tensor_parallel
-    # kvstudy/capacity.py: 90% of 80 GB, less bf16 weights, less 1.5 GB and one 4,096-token forward pass,
+    # kvstudy/costs/capacity.py: 90% of 80 GB, less bf16 weights, less 1.5 GB and one 4,096-token forward pass,
     # over K and V of 32 layers x ceil(8 / tp) KV heads x 128 x 2 bytes per token
     usable = 0.9 * 80e9 - 8.03e9 * 2 / tp - 1.5e9 - 4096 * (4 * 4096 + 2 * 14336 / tp) * 2
     per_token = 2 * 32 * math.ceil(8 / tp) * 128 * 2

@@ -6,7 +6,7 @@ import sys
 import nbformat
 import pytest
 
-from kvstudy.paths import REPO_ROOT
+from kvstudy.running.paths import REPO_ROOT
 from tests.small import AUTHORS_REGIME, FOLDER, PAPER_REGIME, SMALL
 
 NOTEBOOKS = sorted((REPO_ROOT / "notebooks").glob("*.ipynb"))

@@ -15,7 +15,7 @@ import pytest
 from kvstudy import api
 from kvstudy.engine import Engine
 from kvstudy.latency.models import UnitLatency
-from kvstudy.paths import REPO_ROOT
+from kvstudy.running.paths import REPO_ROOT
 from kvstudy.policies.base import Policy
 from kvstudy.policies.step import StepPolicy
 from tests.step_helpers import step_engine

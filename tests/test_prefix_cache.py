@@ -6,7 +6,7 @@ import random
 import pytest
 
 from kvstudy.memory.prefix import BlockKeys, PrefixCache, mooncake_segments, reusable_tokens
-from kvstudy.paths import SHARED_REFERENCE
+from kvstudy.running.paths import SHARED_REFERENCE
 
 
 def trace_keys(make, hash_ids, prompt):

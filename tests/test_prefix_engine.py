@@ -9,7 +9,7 @@ import pytest
 from kvstudy import api
 from kvstudy.errors import KvStudyError
 from kvstudy.memory.prefix import reusable_tokens
-from kvstudy.paths import SHARED_REFERENCE
+from kvstudy.running.paths import SHARED_REFERENCE
 
 BASE = ["workload=trace", "workload.hash_block_size=16", "model=llama32_1b", "hardware=a100_tp1", "memory=paged",
         "memory.prefix_caching=true", "memory.watermark=0", "latency=linear", "engine.progress=false"]

@@ -4,7 +4,7 @@ import shutil
 
 import pandas as pd
 
-from kvstudy.paths import CALIBRATION_FILE, PROFILES_DIR, SHARED_REFERENCE, load_model_arch
+from kvstudy.running.paths import CALIBRATION_FILE, PROFILES_DIR, SHARED_REFERENCE, load_model_arch
 from kvstudy.profiles.builder import build_model, build_network
 from kvstudy.profiles.calibration import load_calibration
 from tests.conftest import needs_shared

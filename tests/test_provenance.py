@@ -1,4 +1,4 @@
-"""Provenance in summary.json and an honest resume (kvstudy/provenance.py, api.run): a finished run is skipped only
+"""Provenance in summary.json and an honest resume (kvstudy/running/provenance.py, api.run): a finished run is skipped only
 when its config and its code fingerprint match; resume=config / never; bad folders named in one line."""
 import json
 import re
@@ -8,7 +8,8 @@ import warnings
 
 import pytest
 
-from kvstudy import api, provenance
+from kvstudy import api
+from kvstudy.running import provenance
 from kvstudy.errors import ConfigError
 
 SMALL = ["+policy=mcsf", "+demand=high", "latency=linear", "workload.num_requests=50", "engine.progress=false"]

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from kvstudy.paths import REPO_ROOT
+from kvstudy.running.paths import REPO_ROOT
 from tests.small import SMALL
 
 README = (REPO_ROOT / "README.md").read_text()

@@ -10,9 +10,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from kvstudy import api, reproduce
-from kvstudy.paths import CONF_DIR, REPO_ROOT
+from kvstudy.running.paths import CONF_DIR, REPO_ROOT
 from kvstudy.reproduce import PAPERS, Paper, Step
-from kvstudy.validate import check_config
+from kvstudy.config.validate import check_config
 
 EXPERIMENTS = {p.stem for p in (CONF_DIR / "experiment").glob("*.yaml")}
 ALL_STEPS = [(paper, step) for paper, p in PAPERS.items() for step in p.steps]

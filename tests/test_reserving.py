@@ -5,8 +5,8 @@ import pytest
 
 from kvstudy.memory import PagedMemory
 from kvstudy.policies.reserving import RLP, S3
-from kvstudy.step_engine import StepEngine
-from kvstudy.swap_models import PcieSwap
+from kvstudy.engine.loop import StepEngine
+from kvstudy.costs.swap_models import PcieSwap
 from tests.conftest import make_instance
 from tests.step_helpers import ARCH, HW, ONE_SECOND
 

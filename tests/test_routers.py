@@ -88,7 +88,7 @@ def test_every_router_config_is_a_registered_router_that_passes_the_same_checks(
     import numpy as np
 
     from kvstudy import api
-    from kvstudy.paths import CONF_DIR
+    from kvstudy.running.paths import CONF_DIR
 
     names = sorted(p.stem for p in (CONF_DIR / "router").glob("*.yaml"))
     assert names == sorted(ROUTERS)

@@ -7,7 +7,7 @@ from kvstudy import api
 from kvstudy.errors import ConfigError, DataError
 from kvstudy.policies.rr_sjf import SJF, QueuedVLLM, RoundRobin, RRSJF
 from kvstudy.policies.step import StepPolicy
-from kvstudy.predictors import gaussian_noise
+from kvstudy.costs.predictors import gaussian_noise
 from kvstudy.workloads import arena
 from tests.conftest import make_instance, needs_shared
 from tests.step_helpers import step_engine
@@ -78,8 +78,8 @@ def test_noise_never_reaches_the_true_lengths():
     policy.reset(0)
     from tests.step_helpers import ARCH, HW, ONE_SECOND
     from kvstudy.memory import PagedMemory
-    from kvstudy.step_engine import StepEngine
-    from kvstudy.swap_models import PcieSwap
+    from kvstudy.engine.loop import StepEngine
+    from kvstudy.costs.swap_models import PcieSwap
 
     res = StepEngine(req, noisy, policy, ONE_SECOND, PagedMemory(1 << 16), PcieSwap(), ARCH, HW).run()
     q = res.requests
@@ -108,15 +108,15 @@ def test_arena_workload_matches_the_papers_mix():
 
 @needs_shared
 def test_shipped_arena_rows_rebuild_from_the_shared_table(tmp_path):
-    from kvstudy.paths import SHARED_REFERENCE
+    from kvstudy.running.paths import SHARED_REFERENCE
 
     rebuilt = arena.select(pd.read_csv(SHARED_REFERENCE / "traces-extra" / "arena_llama32_1b_lengths.csv"))
     assert rebuilt.equals(pd.read_csv(arena.SHIPPED))
 
 
 @pytest.mark.parametrize("override,match", [
-    ("policy.steps_before_preemption=0", "policy.steps_before_preemption=0: must be a positive integer"),
-    ("policy.steps_before_preemption=-3", "must be a positive integer"),
+    ("policy.steps_before_preemption=0", "policy.steps_before_preemption=0: allowed a whole number >= 1"),
+    ("policy.steps_before_preemption=-3", "policy.steps_before_preemption=-3: allowed a whole number >= 1"),
     ("policy.quantum_unit=seconds", "policy.quantum_unit='seconds'"),
 ])
 def test_bad_policy_settings(override, match):

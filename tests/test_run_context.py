@@ -1,8 +1,9 @@
-"""A policy's preparation hook (kvstudy/run_context.py): the API calls ``before_run`` / ``after_run`` for any policy
+"""A policy's preparation hook (kvstudy/running/run_context.py): the API calls ``before_run`` / ``after_run`` for any policy
 that has them, knows no policy by name, and checks what the hook returns."""
 import pytest
 
 from kvstudy import api
+from kvstudy.engine.states import PolicyError
 from kvstudy.policies.mcsf import MCSF
 
 SMALL = ["+demand=high", "workload.num_requests=30", "latency=linear", "engine.progress=false"]
@@ -37,15 +38,20 @@ def test_hooks_are_called_for_any_policy():
 
 def test_a_hook_returning_an_unknown_engine_input_is_named():
     cfg = api.compose(["+policy=mcsf", "policy._target_=tests.test_run_context.BadHook"] + SMALL)
-    with pytest.raises(TypeError, match="before_run returns None or a dict with keys among"):
+    with pytest.raises(PolicyError, match="before_run returns None or a dict with keys among"):
         api.simulate(cfg)
 
 
 def test_the_api_names_no_policy():
-    """The circle api -> cacheopt set-up -> api is gone: api.py imports no policy module, the set-up no api."""
+    """The circle api -> cacheopt set-up -> api is gone: the API (api.py and the modules it re-exports from,
+    kvstudy/running/) imports no policy module, the set-up no api."""
     import inspect
 
     from kvstudy.cacheopt import setup
+    from kvstudy.running import assemble, compose, execute, no_effect, results, targets
 
-    assert "kvstudy.cacheopt" not in inspect.getsource(api) and "kvstudy.policies" not in inspect.getsource(api)
+    for module in (api, compose, targets, assemble, no_effect, execute, results):
+        source = inspect.getsource(module)
+        assert "kvstudy.cacheopt" not in source and "kvstudy.policies" not in source, module.__name__
+        assert module is api or ("kvstudy import api" not in source and "kvstudy.api" not in source), module.__name__
     assert "kvstudy import api" not in inspect.getsource(setup)

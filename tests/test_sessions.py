@@ -9,7 +9,7 @@ import pytest
 
 from kvstudy import api
 from kvstudy.errors import ConfigError, DataError
-from kvstudy.validate import check_config
+from kvstudy.config.validate import check_config
 from kvstudy.workloads import sessions as mod
 from kvstudy.workloads.sessions import sessions, shared_prompt, zipf_weights
 from tests.conftest import needs_shared

@@ -1,4 +1,4 @@
-"""The CacheOPT study's SLOs and metrics (kvstudy/slo.py), on a hand-worked requests table."""
+"""The CacheOPT study's SLOs and metrics (kvstudy/cacheopt/slo.py), on a hand-worked requests table."""
 import numpy as np
 import pytest
 
@@ -6,7 +6,7 @@ import pytest
 def test_slo_metrics_hand_worked():
     import pandas as pd
 
-    from kvstudy import slo
+    from kvstudy.cacheopt import slo
 
     req = pd.DataFrame({"request_id": [0, 1, 2], "state": ["done", "done", "waiting"],
                         "ttft": [1.0, 3.0, np.nan], "mean_tbt": [0.1, 0.3, np.nan], "max_tbt": [0.2, 0.5, np.nan],

@@ -8,11 +8,11 @@ from kvstudy import api
 from kvstudy.engine import PolicyError
 from kvstudy.errors import ConfigError
 from kvstudy.memory import PagedMemory
-from kvstudy.policies.cacheopt import CacheOPT
+from kvstudy.cacheopt.policy import CacheOPT
 from kvstudy.policies.step import Decision, StepPolicy
 from kvstudy.policies.rr_sjf import SJF, RoundRobin, RRSJF
 from kvstudy.policies.vllm import VLLM, Sarathi
-from kvstudy.swap_models import PcieSwap, VllmBlocksSwap
+from kvstudy.costs.swap_models import PcieSwap, VllmBlocksSwap
 from tests.conftest import make_instance
 from tests.step_helpers import ARCH, HW, Recorder, step_engine
 
@@ -148,15 +148,15 @@ def test_invariants_on_random_instances(seed, which, block, swap_gb, watermark):
     # the pooled gaps between tokens (B8.11's tail TBT: every gap of every request): o - 1 per finished request,
     # summing to first token -> completion, and those of a request rejected after a preemption (its recompute no
     # longer fits) up to its last token
-    lost = [i for i in range(len(q)) if q.state[i] == "rejected" and engine.clock.gen[i] > 0]
+    lost = [i for i in range(len(q)) if q.state[i] == "rejected" and engine.state.clock.tokens[i] > 0]
     pooled = res.extra["tbt_pooled"]
-    gaps = int((done.output_tokens - 1).sum()) + sum(engine.clock.gen[i] - 1 for i in lost)
+    gaps = int((done.output_tokens - 1).sum()) + sum(engine.state.clock.tokens[i] - 1 for i in lost)
     assert pooled.get("count", 0) == gaps
     if gaps:
         spans = (done.completion_time - done.first_token_time).sum() + sum(
-            engine.last_token[i] - engine.first_token[i] for i in lost)
+            engine.state.last_token[i] - engine.state.first_token[i] for i in lost)
         assert pooled["mean"] * gaps == pytest.approx(spans)
-        worst = max([done.max_tbt.max()] + [engine.max_gap[i] for i in lost])
+        worst = max([done.max_tbt.max()] + [engine.state.max_gap[i] for i in lost])
         assert pooled["max"] == pytest.approx(worst) and pooled["p50"] <= pooled["p99"] <= pooled["max"]
     came_back = {i for i in policy.at_preemption if q.state[i] != "rejected"}
     assert not came_back  # every preempted request came back (or was rejected, with its reason)

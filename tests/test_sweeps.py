@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from kvstudy import analysis
-from kvstudy.paths import REPO_ROOT
+from kvstudy.running.paths import REPO_ROOT
 
 BASE = ["+policy=mcsf", "+demand=high", "latency=linear", "engine.progress=false"]
 

@@ -12,7 +12,7 @@ import pytest
 
 from kvstudy import api
 from kvstudy.errors import ConfigError, DataError
-from kvstudy.paths import REPO_ROOT
+from kvstudy.running.paths import REPO_ROOT
 
 FAST = ["latency=unit", "engine.progress=false", "workload.num_requests=20"]
 
@@ -198,13 +198,13 @@ def test_interrupted_run_keeps_what_is_done(tmp_path):
     assert summary["status"] == "interrupted" and 0 < summary["completed"] < 400000
     assert "interrupted after" in summary["message"]
     assert len(pd.read_parquet(tmp_path / "requests.parquet")) == 400000
-    from kvstudy.outputs import is_complete
+    from kvstudy.running.outputs import is_complete
 
     assert not is_complete(tmp_path)  # a resumed sweep runs it again
 
 
 def test_a_users_own_model_lives_in_their_own_folder(tmp_path):
-    from kvstudy.paths import CONF_DIR, load_model_arch
+    from kvstudy.running.paths import CONF_DIR, load_model_arch
 
     (tmp_path / "model").mkdir()
     text = (CONF_DIR / "model" / "llama2_70b.yaml").read_text().replace("name: llama2_70b", "name: my_llama")

@@ -11,7 +11,7 @@ import pytest
 
 from kvstudy import analysis, api
 from kvstudy.errors import ConfigError
-from kvstudy.paths import REPO_ROOT
+from kvstudy.running.paths import REPO_ROOT
 
 FAST = ["+demand=high", "latency=linear", "workload.num_requests=30", "engine.progress=false"]
 
@@ -41,7 +41,8 @@ def test_a_prompt_over_the_context_names_the_key_that_drops_it(long_prompt_trace
     with pytest.warns(UserWarning, match="output capped"):
         result, _ = api.simulate(api.compose(base + ["workload.over_context=truncate"]))
     assert result.requests.request_id.tolist() == [0, 2, 3]
-    with pytest.warns(UserWarning, match=r"dropped 1 of 4 .*\(workload.drop_over_context=true\)"):
+    with pytest.warns(UserWarning, match=r"dropped 1 of 4 .*\(workload.drop_over_context=true, the older spelling of "
+                                         r"workload.over_context=drop\)"):
         result, _ = api.simulate(api.compose(base + ["workload.drop_over_context=true"]))
     assert result.requests.request_id.tolist() == [0, 2, 3]  # the old key: long prompts only (its results unchanged)
 
@@ -178,7 +179,7 @@ def test_readme_says_what_is_measured_and_what_is_built():
 
 # the new-user trial: a key of one's own policy, and an option not found -------------------------------------------
 def test_keys_of_a_users_own_policy_and_options_not_found(tmp_path):
-    from kvstudy.validate import check_overrides
+    from kvstudy.config.validate import check_overrides
 
     (tmp_path / "policy").mkdir()
     (tmp_path / "policy" / "mine.yaml").write_text("_target_: kvstudy.policies.mcsf.MCSF\nname: mine\naging: 0\n")
@@ -202,7 +203,7 @@ def test_a_finished_run_that_did_not_complete_still_fails_when_skipped(tmp_path)
 
 
 def test_a_refused_folder_is_not_marked_failed(tmp_path):
-    from kvstudy.sweep_callback import run_recording_errors
+    from kvstudy.running.sweep_callback import run_recording_errors
 
     out = tmp_path / "r"
     api.run(api.compose(["+policy=mcsf", *FAST]), out)
@@ -233,6 +234,36 @@ def test_an_exception_inside_a_users_policy(tmp_path):
     assert proc.returncode == 1 and "Traceback" in proc.stderr and "raising_policy.py" in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("error: ValueError: my bug raised inside the run")
     assert "my bug" in (tmp_path / "r" / "error.txt").read_text()
+
+
+@pytest.mark.parametrize("body,line", [
+    ("class Mine(MCSF):\n    def __init__(self, k=-1, **kw):\n        if k < 0:\n            raise ValueError(f'k must be "
+     ">= 0, got {k}')\n        super().__init__(**kw)\n",
+     "error: policy 'mine' (my_policy.Mine): k must be >= 0, got -1"),
+    ("class Mine(MCSF):\n    def __init__(self, **kw):\n        raise TypeError('window is no number')\n",
+     "error: policy 'mine' (my_policy.Mine): window is no number"),
+    ("def Mine(**kw):\n    return 3\n",
+     "error: policy 'mine' (my_policy.Mine) built int 3, not a policy: a step policy has step(view) "
+     "(kvstudy/policies/step.py), an admission policy order + admit (kvstudy/policies/base.py)"),
+    ("class Mine:\n    name = 'mine'\n    def reset(self, seed):\n        pass\n",
+     "error: policy 'mine' (my_policy.Mine) built Mine, not a policy: a step policy has step(view) "
+     "(kvstudy/policies/step.py), an admission policy order + admit (kvstudy/policies/base.py)"),
+    ("class Mine(MCSF):\n    def before_run(self, ctx):\n        return {'nonsense': 1}\n",
+     "error: policy 'mine': before_run returns None or a dict with keys among ('direction',), got {'nonsense': 1}"),
+])
+def test_a_user_policys_own_checks_and_kvstudys_checks_of_it_are_config_errors(tmp_path, body, line):
+    """Issue 46: a ValueError or TypeError from a user policy's __init__ (its parameter check, as the README asks),
+    a _target_ that builds no policy and a before_run answer kvstudy cannot take are configuration errors naming the
+    policy: one line, status 2, no traceback."""
+    import os
+    (tmp_path / "my_policy.py").write_text("from kvstudy.policies.mcsf import MCSF\n\n\n" + body)
+    (tmp_path / "policy").mkdir()
+    (tmp_path / "policy" / "mine.yaml").write_text("_target_: my_policy.Mine\nname: mine\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    proc = cli(f"hydra.searchpath=[file://{tmp_path}]", "+policy=mine", *FAST, f"hydra.run.dir={tmp_path / 'r'}",
+               env=env)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip() == line
 
 
 def test_policy_keys_name_folders_as_written_and_identical_runs_run_once(tmp_path):

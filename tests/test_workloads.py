@@ -10,7 +10,7 @@ from kvstudy.errors import DataError
 from kvstudy.workloads.lmsys import lmsys, real_lengths
 from kvstudy.workloads.trace import trace
 from tests.conftest import needs_shared
-from kvstudy.paths import SHARED_REFERENCE
+from kvstudy.running.paths import SHARED_REFERENCE
 
 
 def test_lmsys_standin_matches_published_statistics():
@@ -91,7 +91,7 @@ def test_same_seed_identical_requests(tmp_path):
 
 
 def _requests(overrides):
-    from kvstudy.arch import ModelArch
+    from kvstudy.costs.arch import ModelArch
 
     cfg = api.compose(["+policy=mcsf", "+demand=high", "workload.num_requests=50"] + overrides)
     arch = ModelArch.from_mapping(api._plain(cfg.model))

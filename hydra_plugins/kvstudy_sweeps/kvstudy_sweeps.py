@@ -1,6 +1,6 @@
 """Hydra finds sweepers and launchers only in the ``hydra_plugins`` namespace: this registers kvstudy's
-(``kvstudy/sweep_launcher.py``), the defaults for ``python -m kvstudy -m``."""
-from kvstudy.sweep_launcher import BatchLauncher, LightSweeper
+(``kvstudy/running/sweep_launcher.py``), the defaults for ``python -m kvstudy -m``."""
+from kvstudy.running.sweep_launcher import BatchLauncher, LightSweeper
 
 
 class KvstudyLauncher(BatchLauncher):

@@ -6,7 +6,7 @@ remaining work first, least KV held first), i.e. FCFS is replaced by SLO slack, 
 given order.
 
 Swap or recompute: swap when the victim's sequence length S exceeds the sweet spot S_s, where the fitted
-recompute and swap latencies cross (kvstudy/preemption_cost.py fits both); otherwise recompute. With no crossing
+recompute and swap latencies cross (kvstudy/costs/preemption_cost.py fits both); otherwise recompute. With no crossing
 (S_s = None), the cheaper side at S is taken.
 """
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """What a CacheOPT run needs before its first iteration (spec B8.2, B8.4, B8.12, B2.7), computed from the run's config
-and the run's context (kvstudy/run_context.py: the policy's ``before_run`` hook calls :func:`prepare`).
+and the run's context (kvstudy/running/run_context.py: the policy's ``before_run`` hook calls :func:`prepare`).
 
 * **Direction** (B8.4): the deviation-direction classifier, right with probability ``policy.direction_accuracy``,
   drawn with its own seed stream (the run's seed, spawn key 11), so the lengths, arrivals and predictions are the
@@ -18,8 +18,8 @@ and the run's context (kvstudy/run_context.py: the policy's ``before_run`` hook 
   the draws give (issue 33: with the literal reference SLO_tbt is 0.027-0.136 s here, below T_I^max, and every
   returned request is critical); the TTFT reference stays measured.
   Scales U[low, high] per request (or a fixed ``policy.slo.scale``, Fig. 17a), seed = the run's seed
-  (kvstudy/slo.py draw_slos); the TTFT SLO is multiplied by the prompt's chunks of ``policy.token_budget``.
-* **Costs** (B2.7): the swap/recompute regressors of kvstudy/preemption_cost.py for this model, hardware, swap
+  (kvstudy/cacheopt/slo.py draw_slos); the TTFT SLO is multiplied by the prompt's chunks of ``policy.token_budget``.
+* **Costs** (B2.7): the swap/recompute regressors of kvstudy/costs/preemption_cost.py for this model, hardware, swap
   model and block size (memoised).
 """
 from __future__ import annotations
@@ -30,13 +30,13 @@ import numpy as np
 import pandas as pd
 from omegaconf import OmegaConf
 
-from kvstudy import preemption_cost
+from kvstudy.costs import preemption_cost
 from kvstudy.errors import ConfigError
-from kvstudy.padding import error_ranges
-from kvstudy.predictors import direction
-from kvstudy.run_context import RunContext
-from kvstudy.slo import draw_slos, reference
-from kvstudy.validate import options
+from kvstudy.cacheopt.padding import error_ranges
+from kvstudy.costs.predictors import direction
+from kvstudy.running.run_context import RunContext
+from kvstudy.cacheopt.slo import draw_slos, reference
+from kvstudy.config.validate import options
 
 _REFERENCES: Dict[str, Tuple[float, float]] = {}
 _POLICY_NODES: Dict[str, dict] = {}  # reference policy name -> its composed config (plain), once per process

@@ -5,7 +5,7 @@
     study.ratios(m)                                               # baseline / CacheOPT per trace and rate
     study.sustainable(m)                                          # highest rate at the latency target, per system
 
-Per run (kvstudy/slo.py): p99 and p95 TTFT; tail TBT two ways: the p99 and p95 of every gap between consecutive
+Per run (kvstudy/cacheopt/slo.py): p99 and p95 TTFT; tail TBT two ways: the p99 and p95 of every gap between consecutive
 tokens of every request, pooled (``tbt_p99``, spec B8.11; the engine's ``tbt_pooled`` summary), and of each
 request's worst gap (``worst_gap_p99``); TTFT and TBT SLO attainment, normalized latency, mean preemptions, waiting /
 execution / preemption time, how full the KV cache was (``kv_used``, ``kv_full_time``: the paper's premise), and the
@@ -17,7 +17,7 @@ A setting without that run has no attainment for its baselines.
 
 Sustainable rate (Sec. 5.1, "while maintaining similar latencies", spec B5) [D]: per (model, trace) the target is
 ``target_factor`` (2) x the lowest mean normalized latency any system reaches at the lowest rate; each system's
-sustainable rate is where its mean normalized latency crosses the target (kvstudy.slo.sustainable_rate,
+sustainable rate is where its mean normalized latency crosses the target (kvstudy.cacheopt.slo.sustainable_rate,
 interpolated; the highest rate measured if it never does, which makes the ratio a lower bound).
 """
 from __future__ import annotations
@@ -27,7 +27,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from kvstudy import analysis, slo
+from kvstudy import analysis
+from kvstudy.cacheopt import slo
 
 SETTING = ["model.name", "hardware.name", "workload.name", "demand.scale", "seed"]
 

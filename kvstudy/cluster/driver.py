@@ -1,4 +1,4 @@
-"""Several replicas on one clock (issue 37): each replica is a :class:`~kvstudy.step_engine.StepEngine` of its own
+"""Several replicas on one clock (issue 37): each replica is a :class:`~kvstudy.engine.loop.StepEngine` of its own
 (its memory, its policy instance, its queue), paused before its first decision at or past the next arrival
 (``StepEngine.loop``); a router sends each request, when it arrives, to one replica.
 
@@ -28,16 +28,16 @@ from typing import List, Sequence
 import numpy as np
 import pandas as pd
 
-from kvstudy import records
+from kvstudy.engine import records
 from kvstudy.errors import KvStudyError
-from kvstudy.states import ELSEWHERE, REJECTED, EngineResult
-from kvstudy.step_engine import IDLE
+from kvstudy.engine.states import ELSEWHERE, REJECTED, EngineResult
+from kvstudy.engine.loop import IDLE
 
 
 class ReplicaView:
     """What a router sees of one replica at the arrival being routed (kvstudy/cluster/routers.py ``ReplicaLoad``'s
     fields). A replica in the middle of an iteration is paused at that iteration's end with its completions already
-    applied; until that end the router sees the load the iteration started with (``engine.inflight``)."""
+    applied; until that end the router sees the load the iteration started with (``engine.state.inflight``)."""
 
     __slots__ = ("engine", "pending", "now")
 
@@ -48,11 +48,11 @@ class ReplicaView:
 
     @property
     def waiting(self) -> int:  # changes only at decisions: never ahead of the arrival
-        return len(self.engine.waiting) + self.pending
+        return len(self.engine.state.waiting) + self.pending
 
     def _flight(self):
         """(end, outstanding, KV) of the iteration in flight at the arrival, if it finishes requests; else None."""
-        flight = self.engine.inflight
+        flight = self.engine.state.inflight
         return flight if flight is not None and self.now[0] < flight[0] else None
 
     @property
@@ -60,7 +60,7 @@ class ReplicaView:
         e, flight = self.engine, self._flight()
         if flight is not None:
             return flight[1] + self.pending
-        return len(e.waiting) + len(e.running) + len(e.swapped) + self.pending
+        return e.state.outstanding() + self.pending
 
     @property
     def kv_blocks(self) -> int:
@@ -68,7 +68,7 @@ class ReplicaView:
         e, flight = self.engine, self._flight()
         if flight is not None:
             return flight[2]
-        return e.memory.used if e.memory.tracks_blocks else e.decode_ctx + len(e.running)
+        return e.memory.used if e.memory.tracks_blocks else e.state.decode_context_tokens + len(e.state.running)
 
     @property
     def num_blocks(self) -> int:
@@ -78,9 +78,9 @@ class ReplicaView:
     def cached(self, i: int) -> int:
         """Tokens of request i's prompt a prefill starting here now would take from the prefix cache."""
         e = self.engine
-        if e.cache is None:
+        if not e.memory.prefix_caching:
             return 0
-        return e.memory.cached_tokens(i, e.s_list[i])
+        return e.memory.cached_tokens(i, e.state.prompt[i])
 
 
 def drive(engines: Sequence, router, arrival: Sequence[float]):
@@ -110,7 +110,7 @@ def drive(engines: Sequence, router, arrival: Sequence[float]):
 
     for r in range(size):
         resume(r)  # each pauses first at its clock 0, before anything arrives
-    states = [e.state for e in engines]
+    states = [e.state.request_state for e in engines]
     rejected = (states[0] == REJECTED).tolist()
     others = [[m for m in range(size) if m != j] for j in range(size)]
     route, name = router.route, getattr(router, "name", type(router).__name__)
@@ -165,7 +165,7 @@ def merge(engines: Sequence, results: Sequence[EngineResult], routed: np.ndarray
     the cluster's status (an interrupted replica's, else the first that did not complete; ``nothing_served`` over
     all requests), and per-replica facts in ``extra['cluster']``."""
     first = results[0]
-    order = np.argsort(engines[0].r.request_id, kind="stable")  # the requests tables are sorted by request_id
+    order = np.argsort(engines[0].requests.request_id, kind="stable")  # the requests tables are sorted by request_id
     where = routed[order]
     tables = [res.requests for res in results]
     masks = [(r, where == r) for r in range(1, len(results))]
@@ -210,7 +210,7 @@ def merge(engines: Sequence, results: Sequence[EngineResult], routed: np.ndarray
                         "per_replica": [_replica_summary(r, res, where) for r, res in enumerate(results)]}
     result.extra = extra
     if any(res.events is not None for res in results):
-        result.events = _owned_events(engines[0].r.request_id, results, routed)
+        result.events = _owned_events(engines[0].requests.request_id, results, routed)
         result.batches = pd.concat([res.batches.assign(replica=r) for r, res in enumerate(results)],
                                    ignore_index=True)
     return result

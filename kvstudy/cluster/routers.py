@@ -27,7 +27,7 @@ import random
 from dataclasses import dataclass
 from typing import Callable, Dict, Sequence
 
-from kvstudy.errors import ConfigError
+from kvstudy.config.validate import check_group
 
 
 @dataclass
@@ -105,8 +105,8 @@ class PrefixAffinity(Router):
     name = "prefix_affinity"
 
     def __init__(self, max_imbalance: int = 4) -> None:
-        if isinstance(max_imbalance, bool) or not isinstance(max_imbalance, int) or max_imbalance < 0:
-            raise ConfigError(f"router.max_imbalance={max_imbalance!r}: a whole number of requests >= 0")
+        check_group("router", {"_target_": "kvstudy.cluster.routers.PrefixAffinity",
+                               "max_imbalance": max_imbalance})  # its bounds: kvstudy/config/schema.py
         self.max_imbalance = max_imbalance
         super().__init__()
 

@@ -11,12 +11,12 @@ from kvstudy.errors import cli_entry
 @cli_entry
 def main(argv=None) -> int:
     from kvstudy import api
-    from kvstudy.validate import check_config, check_overrides
+    from kvstudy.config.validate import check_config, check_overrides
 
     argv = list(sys.argv[1:] if argv is None else argv)
     check_overrides(argv)  # a key no config has, a group chosen twice: one line before Hydra
     cfg = api.compose(argv)
-    check_config(cfg)  # every value against kvstudy/schema.py before the predictor is built
+    check_config(cfg)  # every value against kvstudy/config/schema.py before the predictor is built
     arch, hw, _, lat = api.model_setup(cfg)
     rows = [("(a) one 512-token prefill", [(512, 0)], 0, 0),
             ("(b) 64 decodes at 600 tokens of context", [], 64, 64 * 600),

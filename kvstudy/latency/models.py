@@ -8,7 +8,7 @@ attention on the mean context, so the sum is all it needs).
 * ``unit``: every iteration takes one time unit, the MC-SF paper's theoretical model (Sec. 2). On the paper's
   memory (``memory=paper``, the paper's token convention) times are round indices and follow the paper's convention
   that a round's tokens are stamped with the round's index (``stamps_at_start``), so a request admitted in round p
-  completes at p + o. On paged memory (``memory=paged``, vLLM's convention) the loop (kvstudy/step_engine.py) ignores
+  completes at p + o. On paged memory (``memory=paged``, vLLM's convention) the loop (kvstudy/engine/loop.py) ignores
   ``stamps_at_start``: it stamps every token at the end of its iteration (a prefill in [0, 1) gives the first token at 1), and an
   iteration that runs nothing costs no time (docs/engine.md, "Time under latency=unit").
 * ``linear``: d0 + d1 * tokens seconds, a cheap stand-in for fast tests.
@@ -17,7 +17,6 @@ attention on the mean context, so the sum is all it needs).
 """
 from __future__ import annotations
 
-import math
 import sys
 import tempfile
 import time
@@ -25,10 +24,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Optional, Sequence, Tuple
 
-from kvstudy.arch import ModelArch
+from kvstudy.config.validate import check_group
+from kvstudy.costs.arch import ModelArch
 from kvstudy.errors import ConfigError
 from kvstudy.latency.tables import HardwareSpec, PredictorSettings, ProfileFiles, VidurTables, cache_key
-from kvstudy.paths import PROFILES_DIR, cache_dir
+from kvstudy.running.paths import PROFILES_DIR, cache_dir, prepare_cache
 
 Chunks = Sequence[Tuple[int, int]]
 
@@ -63,8 +63,8 @@ class LinearLatency(LatencyModel):
     name = "linear"
 
     def __init__(self, d0: float = 0.02, d1: float = 1e-5, **_ignored) -> None:
-        if not (math.isfinite(d0) and math.isfinite(d1)) or d0 < 0 or d1 < 0 or d0 + d1 <= 0:
-            raise ConfigError(f"latency.d0={d0}, latency.d1={d1}: allowed finite numbers >= 0, not both 0")
+        # each against kvstudy/config/schema.py, then "not both 0" (validate._check_together)
+        check_group("latency", {"_target_": "kvstudy.latency.models.LinearLatency", "d0": d0, "d1": d1})
         self.d0, self.d1 = float(d0), float(d1)
 
     def iteration_seconds(self, prefill_chunks, num_decodes, decode_context_sum) -> float:
@@ -96,13 +96,10 @@ class McsfAuthorsLatency(LatencyModel):
 
     def __init__(self, per_context_ms: float = 0.0027, per_job_ms: float = 0.52, intercept_ms: float = 44.6,
                  per_prompt_token_ms: float = 0.378, **_ignored) -> None:
-        values = {"per_context_ms": per_context_ms, "per_job_ms": per_job_ms, "intercept_ms": intercept_ms,
-                  "per_prompt_token_ms": per_prompt_token_ms}
-        for key, value in values.items():
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-                raise ConfigError(f"latency.{key}={value!r}: allowed a finite number >= 0")
-        if per_job_ms + intercept_ms <= 0:
-            raise ConfigError("latency.per_job_ms and latency.intercept_ms are both 0: a batch would take no time")
+        # each against kvstudy/config/schema.py, then "per_job_ms, intercept_ms not both 0" (validate._check_together)
+        check_group("latency", {"_target_": "kvstudy.latency.models.McsfAuthorsLatency",
+                                "per_context_ms": per_context_ms, "per_job_ms": per_job_ms,
+                                "intercept_ms": intercept_ms, "per_prompt_token_ms": per_prompt_token_ms})
         self.a, self.b, self.t0, self.p = (float(per_context_ms), float(per_job_ms), float(intercept_ms),
                                            float(per_prompt_token_ms))
 
@@ -131,7 +128,7 @@ class VidurLatency(LatencyModel):
         self.settings = settings  # what the tables were trained with (also in info, as plain data)
 
     def iteration_seconds(self, prefill_chunks, num_decodes, decode_context_sum) -> float:
-        return self.tables.iteration_ms(prefill_chunks, num_decodes, decode_context_sum)
+        return self.tables.iteration_seconds(prefill_chunks, num_decodes, decode_context_sum)
 
     def describe(self) -> dict:
         return {"name": self.name, **self.info}
@@ -189,20 +186,19 @@ def vidur(arch: ModelArch, hardware: HardwareSpec, capacity_tokens: int = 0, pro
           **settings_kw) -> VidurLatency:
     """Load Vidur's tables from the cache, or train Vidur's predictor once and cache them."""
     files = profile_files(arch, hardware, profiles_root, compute_dir, network_dir)
+    # the values given against kvstudy/config/schema.py (a given max_tokens up to MAX_TABLE_TOKENS)
+    check_group("latency", {"_target_": "kvstudy.latency.models.vidur", "max_tokens": max_tokens,
+                            **({"estimator": settings_kw["estimator"]} if "estimator" in settings_kw else {})})
     if max_tokens == "auto":
         need = max(capacity_tokens, arch.max_model_len)
         max_tokens = 1 << (need - 1).bit_length()
-    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
-        raise ConfigError(f"latency.max_tokens={max_tokens!r}: allowed auto or a whole number >= 1")
-    if max_tokens > MAX_TABLE_TOKENS:
+    if max_tokens > MAX_TABLE_TOKENS:  # auto: the table the capacity asks for
         raise ConfigError(f"the latency table would cover {max_tokens:,} tokens per iteration (memory.capacity_tokens="
                           f"{capacity_tokens:,}); allowed at most {MAX_TABLE_TOKENS:,}: lower memory.capacity_tokens "
                           f"or set latency.max_tokens (an iteration above it is then an error, never a clamp)")
     for key in ("num_estimators", "max_depth", "min_samples_split", "polynomial_degree"):
         if key in settings_kw:
             settings_kw[key] = tuple(settings_kw[key])
-    if settings_kw.get("estimator", "random_forest") not in ("random_forest", "linear_regression"):
-        raise ConfigError(f"latency.estimator={settings_kw['estimator']!r}: allowed random_forest, linear_regression")
     settings = PredictorSettings(max_tokens=int(max_tokens),
                                  max_prefill_chunk=min(settings_kw.pop("max_prefill_chunk", arch.max_model_len),
                                                        arch.max_model_len), **settings_kw)
@@ -222,13 +218,13 @@ def vidur(arch: ModelArch, hardware: HardwareSpec, capacity_tokens: int = 0, pro
     tables = VidurTables.load(folder / "tables.npz")
     source = "cache"
     if tables is None:
+        prepare_cache(folder)  # a cache that cannot be written: one line, before the training
         from kvstudy.latency import vidur_adapter  # the only vidur import, needed on a cold build only
 
         minutes = " (a large table: this can take several minutes)" if settings.max_tokens > 65536 else ""
         print(f"training Vidur's predictor for {arch.name} on {hardware.name}, iterations up to "
               f"{settings.max_tokens:,} tokens: once per model, hardware and settings, typically 20-90 s{minutes}; "
               f"cached in {folder}", file=sys.stderr, flush=True)
-        folder.mkdir(parents=True, exist_ok=True)
         # Vidur writes its own model cache as it trains; a build killed part-way would leave truncated files there
         # that the next build would load. Each build gets a fresh folder, removed afterwards: only tables.npz
         # (written atomically) is kept.

@@ -18,8 +18,8 @@ from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
-from kvstudy.atomic import write_atomic
-from kvstudy.errors import DataError, OutOfRangeError
+from kvstudy.running.atomic import write_atomic
+from kvstudy.errors import ConfigError, DataError, OutOfRangeError
 
 TABLES_VERSION = 1
 
@@ -44,6 +44,11 @@ class HardwareSpec:
     pcie_gbps: float = 31.5
 
 
+#: the smallest prefill chunk Vidur's predictor tabulates (its grid: 32, 64, ... tokens), so the shortest context
+#: model.max_model_len it can be trained for
+MIN_PREFILL_CHUNK = 32
+
+
 @dataclass(frozen=True)
 class PredictorSettings:
     """Vidur predictor config fields kvstudy sets (documented in docs/latency.md)."""
@@ -60,6 +65,17 @@ class PredictorSettings:
     max_tokens: int = 32768
     block_size: int = 16
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        # Vidur predicts its prefill-attention table for chunks 32, 64, ... up to max_prefill_chunk (kvstudy's models.py
+        # sets it to min(latency.max_prefill_chunk, model.max_model_len)): below 32 that grid is empty and sklearn fails
+        # on it after a full training run; refused here, before anything is trained (issue 46)
+        if self.max_prefill_chunk < MIN_PREFILL_CHUNK:
+            raise ConfigError(f"model.max_model_len (or latency.max_prefill_chunk, the smaller) gives prefill chunks "
+                              f"of at most {self.max_prefill_chunk} tokens, too short to train Vidur's latency "
+                              f"predictor (latency=vidur), whose prefill table starts at {MIN_PREFILL_CHUNK}-token "
+                              f"chunks; allowed: model.max_model_len >= {MIN_PREFILL_CHUNK} (and "
+                              f"latency.max_prefill_chunk >= {MIN_PREFILL_CHUNK}), or latency=linear")
 
 
 @dataclass(frozen=True)
@@ -130,8 +146,8 @@ class VidurTables:
     def max_chunk(self) -> int:
         return (self.prefill_ms.shape[1] - 1) * 32
 
-    def iteration_ms(self, prefill_chunks: Sequence[Tuple[int, int]], num_decodes: int, decode_context_sum: int) -> float:
-        """One iteration: prefill chunks as (new tokens, tokens already cached), plus ``num_decodes``
+    def iteration_seconds(self, prefill_chunks: Sequence[Tuple[int, int]], num_decodes: int, decode_context_sum: int) -> float:
+        """One iteration's seconds: prefill chunks as (new tokens, tokens already cached), plus ``num_decodes``
         decode requests whose cached contexts sum to ``decode_context_sum``."""
         total = num_decodes
         for chunk, _ in prefill_chunks:

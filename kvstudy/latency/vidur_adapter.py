@@ -31,6 +31,8 @@ grid measure extrapolation rather than the interpolation the lookup tables do).
 from __future__ import annotations
 
 import logging
+import sys
+import time
 import os
 from collections.abc import Mapping
 from dataclasses import field, make_dataclass
@@ -38,7 +40,7 @@ from typing import Dict, Tuple
 
 import numpy as np
 
-from kvstudy.arch import ModelArch
+from kvstudy.costs.arch import ModelArch
 from kvstudy.latency.tables import HardwareSpec, PredictorSettings, ProfileFiles, VidurTables
 
 from sklearn.base import clone
@@ -143,12 +145,16 @@ class _OfflineMixin:
         return self._predict_from_models(self._train_models())
 
     def _train_model(self, model_name, model_type, df, feature_cols, target_col):
+        started = time.perf_counter()
         model = super()._train_model(model_name, model_type, df, feature_cols, target_col)
         k = max(2, min(self._kv_settings.k_fold_cv_splits, len(df)))
         folds = KFold(n_splits=k, shuffle=True, random_state=self._kv_settings.seed)
         scores = cross_val_score(clone(model), df[feature_cols], df[target_col], cv=folds,
                                  scoring=self._get_scorer())
         self.cv_mape_pct[model_name] = float(-scores.mean())
+        # a cold build takes 20-90 s: one line per operator model, so it visibly goes on (issue 46)
+        print(f"  trained {model_name} ({len(df):,} profiled rows, {k}-fold CV error {self.cv_mape_pct[model_name]:.1f}%) "
+              f"in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
         return model
 
     def _get_kv_parallel_communication_time(self, batch):  # missing in the linear-regression class
@@ -165,6 +171,7 @@ class _OfflineMixin:
         chunk 32..max_prefill_chunk step 32) holds 8.4 M points at 131,072 tokens, which Vidur's dict (plus the
         product lists and the xz cache it builds on the way) takes more than 12 GB to hold."""
         cfg = self._config
+        print("  predicting the attention tables (prefill and decode grids)", file=sys.stderr, flush=True)
         kv = np.arange(0, cfg.prediction_max_tokens_per_request + 1, cfg.kv_cache_prediction_granularity)
         batch = np.arange(1, cfg.prediction_max_batch_size + 1)
         chunk = np.arange(32, cfg.prediction_max_prefill_chunk_size + 1, 32)

@@ -30,11 +30,14 @@
   vLLM v1 counts only blocks not in use). Loans (CacheOPT's embedding) are not modelled with caching.
 
 The engine owns one ``PagedMemory`` per run: it is the only code that changes these counters, after
-validating a policy's decision against them.
+validating a policy's decision against them. ``PagedMemory(..., prefix_caching=True)`` builds a
+:class:`PrefixCachingMemory`, the same model with the cache behind the same methods; ``PagedMemory`` itself is the
+"no cache" implementation (SGLang's ``ChunkCache`` idea), so neither it nor its callers test for a cache.
 """
 from __future__ import annotations
 
 
+from kvstudy.config.validate import check_group
 from kvstudy.errors import ConfigError
 from kvstudy.memory.prefix import BlockKeys, PrefixCache
 
@@ -42,7 +45,15 @@ OK, LATER, NEVER = "ok", "later", "never"
 
 
 class PagedMemory:
+    """vLLM's paged KV cache without prefix caching (module docstring); implements kvstudy/memory/base.py's
+    ``MemoryModel``. Built with ``prefix_caching=True`` it is a :class:`PrefixCachingMemory`."""
     name = "paged"
+
+    def __new__(cls, *args, **kwargs):
+        caching = kwargs.get("prefix_caching", args[6] if len(args) > 6 else False)
+        if cls is PagedMemory and caching is True:
+            cls = PrefixCachingMemory
+        return super().__new__(cls)
     modes = ("recompute", "swap")
     #: the token convention this model fixes: vLLM's (o tokens, the first from the prefill; a recompute keeps them)
     convention = "vllm"
@@ -52,22 +63,15 @@ class PagedMemory:
     def __init__(self, capacity_tokens: int, block_size: int = 16, watermark: float = 0.01,
                  swap_space_gb: float = 4.0, decode_block_check: str = "vllm", name: str = "paged",
                  prefix_caching: bool = False) -> None:
-        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0 \
-                or block_size & (block_size - 1):
-            raise ConfigError(f"memory.block_size={block_size!r}: must be a positive power of two (vLLM: 8, 16, 32)")
-        if not 0.0 <= float(watermark) < 1.0:
-            raise ConfigError(f"memory.watermark={watermark}: allowed 0 <= watermark < 1 (vLLM: 0.01)")
-        if float(swap_space_gb) < 0:
-            raise ConfigError(f"memory.swap_space_gb={swap_space_gb}: must be >= 0 GiB (vLLM's default is 4)")
+        # every value against its declaration in kvstudy/config/schema.py (one place), then the rule between two
+        check_group("memory", {"_target_": "kvstudy.memory.PagedMemory", "capacity_tokens": capacity_tokens,
+                               "block_size": block_size, "watermark": watermark, "swap_space_gb": swap_space_gb,
+                               "decode_block_check": decode_block_check, "prefix_caching": prefix_caching})
         if int(capacity_tokens) < block_size:
             raise ConfigError(f"memory.capacity_tokens={capacity_tokens}: less than one block of "
                               f"memory.block_size={block_size} tokens")
-        if decode_block_check not in ("boundary", "vllm"):
-            raise ConfigError(f"memory.decode_block_check={decode_block_check!r}: allowed boundary (a free block only "
-                              f"when a decode crosses a block boundary), vllm (a free block at every decode's turn)")
-        if not isinstance(prefix_caching, bool):
-            raise ConfigError(f"memory.prefix_caching={prefix_caching!r}: allowed true, false")
-        #: vLLM's automatic prefix caching (module docstring); ``cache`` is its bookkeeping during a run (None: off)
+        #: vLLM's automatic prefix caching (module docstring): True only on a ``PrefixCachingMemory``, whose ``cache``
+        #: holds the bookkeeping during a run (None here: no cache)
         self.prefix_caching = prefix_caching
         self.cache = None
         self.segments = None
@@ -97,14 +101,11 @@ class PagedMemory:
             if self.block_bytes_per_gpu else 0
         self.gpu, self.host, self.loans = {}, {}, {}
         self.used = self.host_used = 0
-        self.cache = PrefixCache(self.num_blocks) if self.prefix_caching else None
-        self._keys, self._memo = BlockKeys(self.block_size), {}
 
     def set_segments(self, segments) -> None:
         """The run's requests' shared content (``Requests.segments``: per request index its (key, length) pairs, or
-        None: no request shares anything)."""
+        None: no request shares anything); read only with prefix caching."""
         self.segments = segments
-        self._memo = {}
 
     # --- queries (used by policies to plan, by the engine to check) -------------------------------
     def blocks(self, tokens: int) -> int:
@@ -175,18 +176,11 @@ class PagedMemory:
         return 0
 
     def _take(self, i: int, blocks: int) -> None:
-        """``blocks`` more blocks of request i's own in use (with prefix caching, taken through the cache)."""
-        if self.cache is not None:
-            self.cache.grow(i, blocks)
-            self.used = self.cache.used
-        else:
-            self.used += blocks
+        """``blocks`` more blocks of request i's own in use."""
+        self.used += blocks
 
     def lend(self, host: int, guest: int, blocks: int) -> None:
         """Move ``blocks`` of the host's held blocks to the guest (CacheOPT's embedding)."""
-        if self.cache is not None:
-            raise ConfigError("memory.prefix_caching=true does not model CacheOPT's embedding (lending held blocks); "
-                              "turn one of them off")
         self.gpu[host] -= blocks
         self.gpu[guest] = self.gpu.get(guest, 0) + blocks
         self.loans[guest] = (host, blocks)
@@ -206,14 +200,6 @@ class PagedMemory:
         """Free request i's blocks (a loan's go back to its host); returns the blocks it held, loan included.
         ``computed``: tokens of its context whose KV was computed (prefix caching keeps their full blocks)."""
         held = self.gpu.get(i, 0)
-        if self.cache is not None:
-            self.gpu.pop(i, None)
-            if self._segments(i) is None:
-                self.cache.release(i)
-            else:
-                self.cache.release(i, computed // self.block_size, self._full_keys(i, computed))
-            self.used = self.cache.used
-            return held
         if self.loans:
             self._settle(i)
         self.used -= self.gpu.pop(i, 0)
@@ -233,7 +219,87 @@ class PagedMemory:
         self._take(i, blocks)  # with prefix caching: back as its own blocks
         return blocks
 
-    # --- prefix caching (``prefix_caching=true``; the engine calls these only then) ---------------------------
+    # --- prefix caching's queries and changes: what a prefill skips (nothing here) ---------------------------------
+    def start(self, i: int, tokens: int) -> int:
+        """Request i starts a prefill of ``tokens`` tokens and holds its context's blocks (a guest may hold lent ones
+        already); returns the tokens it skips: none without prefix caching."""
+        self.hold(i, self.blocks(tokens))
+        return 0
+
+    def advance(self, i: int, computed: int) -> None:
+        """Request i's prefill has scheduled ``computed`` tokens (prefix caching caches their full blocks)."""
+
+    def keys(self, i: int, tokens: int) -> list:
+        """Keys of request i's full blocks within its first ``tokens`` tokens: none without prefix caching."""
+        return []
+
+    def cached_tokens(self, i: int, tokens: int) -> int:
+        """Tokens of request i's first ``tokens`` a prefill starting now would skip: none without prefix caching."""
+        return 0
+
+    def start_blocks(self, i: int, tokens: int, dropped=()) -> int:
+        """Free blocks request i's prefill of ``tokens`` tokens takes now: all of them without prefix caching."""
+        return self.blocks(tokens)
+
+    def freed_by(self, i: int) -> int:
+        """Blocks preempting request i alone frees: all it holds."""
+        return self.gpu.get(i, 0)
+
+    def release_gain(self, requests) -> tuple:
+        """(blocks freed, keys no longer in use) if all ``requests`` give their blocks back."""
+        return sum(self.gpu.get(i, 0) for i in requests), set()
+
+    def cache_stats(self) -> tuple:
+        """(blocks holding a cached prefix, cached blocks evicted so far): none without a cache."""
+        return 0, 0
+
+    def describe(self) -> dict:
+        return {"name": self.name, "capacity_tokens": self.capacity_tokens, "block_size": self.block_size,
+                "num_blocks": self.num_blocks, "watermark_blocks": self.watermark_blocks,
+                "swap_space_gb": self.swap_space_gb, "host_blocks": self.host_blocks_total,
+                **({"prefix_caching": True} if self.prefix_caching else {})}
+
+    def __repr__(self) -> str:
+        return f"PagedMemory({self.num_blocks} blocks of {self.block_size}, watermark {self.watermark_blocks})"
+
+
+
+
+class PrefixCachingMemory(PagedMemory):
+    """:class:`PagedMemory` with vLLM's automatic prefix caching (``memory.prefix_caching=true``; the module docstring
+    and kvstudy/memory/prefix.py give its semantics): the same interface, the cache behind it. ``used`` counts
+    distinct blocks; a prefill starts past its longest cached prefix of whole blocks; full blocks are cached as they
+    are scheduled and when their request leaves. Loans (CacheOPT's embedding) are not modelled with caching."""
+
+    def bind(self, kv_bytes_per_token_per_gpu: int) -> None:
+        super().bind(kv_bytes_per_token_per_gpu)
+        self.cache = PrefixCache(self.num_blocks)
+        self._keys, self._memo = BlockKeys(self.block_size), {}
+
+    def set_segments(self, segments) -> None:
+        super().set_segments(segments)
+        self._memo = {}
+
+    def _take(self, i: int, blocks: int) -> None:
+        """``blocks`` more blocks of request i's own in use, taken through the cache (it may evict to make room)."""
+        self.cache.grow(i, blocks)
+        self.used = self.cache.used
+
+    def lend(self, host: int, guest: int, blocks: int) -> None:
+        raise ConfigError("memory.prefix_caching=true does not model CacheOPT's embedding (lending held blocks); "
+                          "turn one of them off")
+
+    def release(self, i: int, computed: int = 0) -> int:
+        """Free request i's blocks: the full blocks of its ``computed`` tokens stay cached (evictable once unused)."""
+        held = self.gpu.get(i, 0)
+        self.gpu.pop(i, None)
+        if self._segments(i) is None:
+            self.cache.release(i)
+        else:
+            self.cache.release(i, computed // self.block_size, self._full_keys(i, computed))
+        self.used = self.cache.used
+        return held
+
     def _segments(self, i: int):
         """Request i's shared content (``Requests.segments``), or None: it shares nothing."""
         return self.segments[i] if self.segments is not None and self.segments[i] else None
@@ -260,20 +326,19 @@ class PagedMemory:
         return self._keys(segments, computed)
 
     def cached_tokens(self, i: int, tokens: int) -> int:
-        """Tokens of request i's first ``tokens`` a prefill starting now would skip: its longest cached prefix of
-        whole blocks, at most tokens - 1."""
+        """Its longest cached prefix of whole blocks, at most tokens - 1."""
         return self.cache.hit(self.keys(i, tokens), (tokens - 1) // self.block_size) * self.block_size
 
     def start_blocks(self, i: int, tokens: int, dropped=()) -> int:
-        """Free blocks request i's prefill of ``tokens`` tokens takes now: its blocks less those it shares with
-        running requests (``dropped``: keys whose users are all preempted first, so not shared)."""
+        """Its blocks less those it shares with running requests (``dropped``: keys whose users are all preempted
+        first, so not shared)."""
         return self.cache.new_blocks(self.keys(i, tokens), self.blocks(tokens), (tokens - 1) // self.block_size,
                                      dropped)
 
     def start(self, i: int, tokens: int) -> int:
-        """Request i starts a prefill of ``tokens`` tokens: it takes its blocks, its cached prefix shared or taken
-        back from the evictor; returns the tokens it skips. The engine then caches the blocks each chunk fills as
-        it schedules it (``advance``; vLLM v1 caches at scheduling)."""
+        """Request i takes its blocks, its cached prefix shared or taken back from the evictor; returns the tokens it
+        skips. The engine then caches the blocks each chunk fills as it schedules it (``advance``; vLLM v1 caches at
+        scheduling)."""
         blocks = self.gpu[i] = self.blocks(tokens)
         if self._segments(i) is None:  # it shares nothing: blocks of its own, nothing to look up
             self._take(i, blocks)
@@ -286,22 +351,17 @@ class PagedMemory:
         return hit * bs
 
     def advance(self, i: int, computed: int) -> None:
-        """Request i's prefill has scheduled ``computed`` tokens: their full blocks are cached."""
+        """Its full blocks among ``computed`` tokens are cached."""
         self.cache.advance(i, computed // self.block_size)
 
     def freed_by(self, i: int) -> int:
-        """Blocks preempting request i alone frees: all it holds, or with prefix caching those it does not share."""
-        if self.cache is None:
-            return self.gpu.get(i, 0)
+        """Those it does not share."""
         return self.cache.freed_by(i)
 
-    def describe(self) -> dict:
-        return {"name": self.name, "capacity_tokens": self.capacity_tokens, "block_size": self.block_size,
-                "num_blocks": self.num_blocks, "watermark_blocks": self.watermark_blocks,
-                "swap_space_gb": self.swap_space_gb, "host_blocks": self.host_blocks_total,
-                **({"prefix_caching": True} if self.prefix_caching else {})}
+    def release_gain(self, requests) -> tuple:
+        """Shared blocks stay in use."""
+        return self.cache.release_gain(requests)
 
-    def __repr__(self) -> str:
-        return f"PagedMemory({self.num_blocks} blocks of {self.block_size}, watermark {self.watermark_blocks})"
-
-
+    def cache_stats(self) -> tuple:
+        """(blocks holding a cached prefix, in use or evictable; cached blocks evicted so far)."""
+        return self.cache.cached_blocks, self.cache.evictions

@@ -1,5 +1,5 @@
 """The MC-SF paper's memory model (Jaillet et al., Sec. 2, IP constraint (3)), a memory model of the one loop
-(kvstudy/step_engine.py) beside :class:`~kvstudy.memory.paged.PagedMemory`.
+(kvstudy/engine/loop.py) beside :class:`~kvstudy.memory.paged.PagedMemory`.
 
 * KV is counted in tokens, in aggregate: a running request that has produced j decode rounds holds s + j + 1 tokens
   in its next round; the round that admits a prompt is not charged (constraint (3)). No per-request holdings, no
@@ -16,12 +16,13 @@ token; nothing is held per request), so the loop needs no branch per call.
 """
 from __future__ import annotations
 
-from kvstudy.errors import ConfigError
+from kvstudy.config.validate import check_group
 
 OK = "ok"
 
 
 class PaperMemory:
+    """The MC-SF paper's memory (module docstring); implements kvstudy/memory/base.py's ``MemoryModel``."""
     name = "paper"
     #: preemption modes this model can carry out: eviction = recompute from scratch (the paper's clearing)
     modes = ("recompute",)
@@ -29,6 +30,7 @@ class PaperMemory:
     convention = "paper"
     #: False: KV is counted in aggregate; admissions are not checked against capacity (over-commitment possible)
     tracks_blocks = False
+    prefix_caching = False
     block_size = 1
     watermark_blocks = 0
     used = 0
@@ -36,8 +38,8 @@ class PaperMemory:
     host_blocks_total = 0
 
     def __init__(self, capacity_tokens: int, name: str = "paper") -> None:
-        if isinstance(capacity_tokens, bool) or int(capacity_tokens) <= 0:
-            raise ConfigError(f"memory.capacity_tokens={capacity_tokens}: must be a positive number of tokens")
+        # its value against its declaration in kvstudy/config/schema.py (the one place config values are checked)
+        check_group("memory", {"_target_": "kvstudy.memory.PaperMemory", "capacity_tokens": capacity_tokens})
         self.capacity_tokens = int(capacity_tokens)
         self.num_blocks = self.capacity_tokens
         self.gpu: dict = {}
@@ -71,8 +73,58 @@ class PaperMemory:
     def hold(self, i: int, blocks: int) -> int:
         return 0
 
-    def release(self, i: int) -> int:
+    def release(self, i: int, computed: int = 0) -> int:
         return 0
+
+    def swap_out(self, i: int, computed: int = 0) -> int:
+        raise NotImplementedError("memory=paper never swaps (modes: recompute)")
+
+    def swap_in(self, i: int) -> int:
+        raise NotImplementedError("memory=paper never swaps (modes: recompute)")
+
+    def swap_in_blocks(self, i: int, context_tokens: int) -> int:
+        return 0
+
+    def lend(self, host: int, guest: int, blocks: int) -> None:
+        raise NotImplementedError("memory=paper holds nothing per request to lend")
+
+    @property
+    def free(self) -> int:
+        return self.capacity_tokens
+
+    #: no blocks: a running request always decodes (constraint (3) is checked as an overflow, next round)
+    decode_block_check = "boundary"
+
+    def can_swap_in(self, i: int, free: int = None) -> str:
+        return "never"  # nothing is ever swapped out on this memory
+
+    def freed_by(self, i: int) -> int:
+        return 0
+
+    def cached_tokens(self, i: int, tokens: int) -> int:
+        return 0
+
+    def keys(self, i: int, tokens: int) -> list:
+        return []
+
+    def set_segments(self, segments) -> None:
+        """No prefix caching on this memory: shared content is not used."""
+
+    def start_blocks(self, i: int, tokens: int, dropped=()) -> int:
+        return 0
+
+    def start(self, i: int, tokens: int) -> int:
+        """A prefill starts: nothing is held per request (constraint (3) counts the running requests in aggregate)."""
+        return 0
+
+    def advance(self, i: int, computed: int) -> None:
+        pass
+
+    def release_gain(self, requests) -> tuple:
+        return 0, set()
+
+    def cache_stats(self) -> tuple:
+        return 0, 0
 
     def describe(self) -> dict:
         return {"name": self.name, "capacity_tokens": self.capacity_tokens}

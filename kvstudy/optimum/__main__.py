@@ -16,6 +16,7 @@ relaxation), an upper bound on its optimality gap where the IP is out of reach (
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -24,6 +25,7 @@ import pandas as pd
 from kvstudy.errors import ConfigError, cli_entry
 from kvstudy.optimum.cpsat import DEFAULT_FORMULATION, FORMULATIONS
 from kvstudy.optimum.study import StudyStopped, seconds_spent, study
+from kvstudy.running.paths import prepare_file
 
 
 #: the largest M of Theorem 4.1's instance: M/2 + 1 requests simulated per policy (the default's largest is 4,096)
@@ -32,7 +34,7 @@ MAX_ADVERSARY_M = 1 << 16
 
 @cli_entry
 def main(argv=None) -> int:
-    from kvstudy.validate import finite_args, one_line_parser
+    from kvstudy.config.validate import finite_args, one_line_parser
 
     # a usage mistake is one ``error:`` line (status 2), as every kvstudy command's
     parser = one_line_parser()(prog="python -m kvstudy.optimum", description=__doc__,
@@ -111,7 +113,7 @@ def main(argv=None) -> int:
         overrides = args.overrides if any(o.startswith("+policy=") for o in args.overrides) else \
             ["+policy=mcsf", *args.overrides]
         from kvstudy import api
-        from kvstudy.validate import check_config, check_overrides
+        from kvstudy.config.validate import check_config, check_overrides
 
         check_overrides(overrides)  # the overrides' names and values, in one line, before the run
         check_config(api.compose(overrides))
@@ -152,11 +154,11 @@ def main(argv=None) -> int:
         (f"_{args.cpsat_formulation}" if args.cpsat and args.cpsat_formulation != DEFAULT_FORMULATION else "") + \
         ("_warm" if args.warm_start else "")
     out = args.out or Path(f"outputs/optimum/model{args.model}{tag}.parquet")
-    if out.is_dir():
-        raise ConfigError(f"--out {out}: a directory; allowed a .parquet file path (e.g. {out / 'study.parquet'})")
-    if out.exists() and not args.resume:
-        raise ConfigError(f"--out {out} exists; add --resume to keep its trials and run only the others, or choose "
-                          f"another file (a study file is never overwritten)")
+    # the output file checked (and its folder made) before the first trial: one line for every file-system mistake
+    fix = f"allowed a .parquet file path (e.g. {out / 'study.parquet'})" if os.path.isdir(out) else \
+        "choose another file"
+    prepare_file(out, "--out", overwrite=args.resume, fix=fix, exists_fix="add --resume to keep its trials and run "
+                 "only the others, or choose another file (a study file is never overwritten)")
     try:
         df = study(args.model, args.trials, args.time_limit, args.seed, args.lns, args.lns_window, args.solver,
                    args.cut, args.lp, args.exact_max_n, args.lns_span, args.cpsat, out=out, resume=args.resume,

@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from kvstudy.errors import ConfigError
-from kvstudy.optimum.study import seconds_spent
+from kvstudy.optimum.study import has_schedule, seconds_spent  # has_schedule: re-exported
 
 Sources = Union[Mapping[str, pd.DataFrame], Iterable[Union[str, Path]]]
 COLUMNS = ("model", "trial", "n", "M", "mcsf", "incumbent", "bound", "proven_optimal")  # every study file has these
@@ -83,11 +83,6 @@ def best_known(sources: Sources, verify: bool = True, seed: int = 0) -> pd.DataF
                     "ratio_high": mcsf / bound if bound > 0 else np.inf, "files": len(g),
                     "seconds": float(g["spent"].sum())})
     return pd.DataFrame(out)
-
-
-def has_schedule(start) -> bool:
-    """Whether a row stores its schedule (files written before the ``start`` column hold None or NaN)."""
-    return start is not None and not (isinstance(start, float) and np.isnan(start))
 
 
 def _distinct(frames: dict) -> dict:

@@ -9,7 +9,7 @@ where the exact method proved optimality; elsewhere it lies in [MC-SF / incumben
 Trial i's instance depends only on (seed, model, i) (child i of ``SeedSequence([seed, model])``), so any
 subset of trials (``only``) reproduces the same draws as the full study.
 
-With ``out`` the rows are written after *every* trial, atomically (``kvstudy.atomic``): a study stopped or
+With ``out`` the rows are written after *every* trial, atomically (``kvstudy.running.atomic``): a study stopped or
 crashed at trial k keeps trials 0..k-1 on disk. ``resume=True`` keeps the rows already in ``out`` and runs only
 the missing trials, after checking that they were made with the same settings (the ``SETTINGS`` columns each
 row carries); rows of other settings are refused with the field named, never mixed in. Each row also holds
@@ -30,7 +30,7 @@ from typing import Iterable, Optional
 import numpy as np
 import pandas as pd
 
-from kvstudy.atomic import write_atomic
+from kvstudy.running.atomic import write_atomic
 from kvstudy.errors import ConfigError
 from kvstudy.optimum.cpsat import DEFAULT_FORMULATION  # a name only: OR-Tools loads in CP-SAT's child process
 
@@ -135,6 +135,11 @@ def _keep(rows: list, row: dict, settings: dict, out: Optional[Path]) -> None:
     if out is not None:
         frame = pd.DataFrame(rows)
         write_atomic(out, lambda tmp: frame.to_parquet(tmp, index=False))
+
+
+def has_schedule(start) -> bool:
+    """Whether a row stores its schedule (files written before the ``start`` column hold None or NaN)."""
+    return start is not None and not (isinstance(start, float) and np.isnan(start))
 
 
 def seconds_spent(df: pd.DataFrame) -> pd.Series:
@@ -248,7 +253,6 @@ def warm_starts(path: Path, model: int, seed: int, cut: int, trials: Iterable[in
             raise ConfigError(f"{where}: made with {field}={df[field].unique().tolist()}, this study has "
                               f"{field}={value}; allowed only a file of the same model, seed and cut")
     from kvstudy.optimum.checker import InfeasibleSchedule, check
-    from kvstudy.optimum.combine import has_schedule  # here: combine imports this module
 
     found = {}
     for trial in trials:

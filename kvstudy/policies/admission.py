@@ -4,7 +4,7 @@ paged memory it is what lets MC-SF and its family run beside the vLLM family.
 
 An admission-only policy (MC-SF, MC-Benchmark, alpha-protection, ``fcfs_watermark``, a new idea written as a
 :class:`~kvstudy.policies.base.Policy`) says which waiting requests start; it preempts only when memory overflows.
-:class:`Admission` makes it a step policy of the one loop (kvstudy/step_engine.py), so it runs on
+:class:`Admission` makes it a step policy of the one loop (kvstudy/engine/loop.py), so it runs on
 ``memory=paged`` beside vLLM, Sarathi, the RR-SJF family and CacheOPT, on the same requests and token convention:
 
 * every step, every running request decodes (``decode_all``) and the requests the policy admits start their prefill
@@ -45,7 +45,7 @@ import numpy as np
 from kvstudy.errors import ConfigError
 from kvstudy.policies.base import Policy, SchedulerView
 from kvstudy.policies.step import Decision, StepPolicy
-from kvstudy.states import WAITING, PolicyError
+from kvstudy.engine.states import WAITING, PolicyError
 
 DECODE_ALL = Decision(decode_all=True)
 

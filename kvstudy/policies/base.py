@@ -5,7 +5,7 @@ A policy is two small pieces, as in vLLM's v1 scheduler and SGLang's ``schedule_
 * ``order(view)``: a permutation of the waiting queue (which request to consider first);
 * ``admit(view, order)``: the waiting requests to start in this iteration, in that order.
 
-The engine owns time and KV-cache accounting (kvstudy/step_engine.py, through the adapter
+The engine owns time and KV-cache accounting (kvstudy/engine/loop.py, through the adapter
 kvstudy/policies/admission.py). It builds the ``SchedulerView``, checks every decision (positions of waiting requests,
 distinct; on paged memory the prefills must fit now; on the paper's memory admissions are not charged in their own
 round, constraint (3)), and handles overflows through ``on_overflow``. A view never holds true output lengths: only predictions (equal to the truth only

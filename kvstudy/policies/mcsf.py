@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvstudy.errors import ConfigError
+from kvstudy.config.validate import check_group
 from kvstudy.policies.base import Policy, SchedulerView, fifo_order, shortest_predicted_order
 from kvstudy.policies.memory_check import AuthorsCheck, BlockFutureMemory, FutureMemory, running_terms
 
@@ -39,16 +39,9 @@ class PrefixFutureMemoryPolicy(Policy):
 
     def __init__(self, margin: float = 0.0, admission: str = "paper", avg_batch_time: float = 0.05,
                  prefix_aware: bool = False) -> None:
-        if not 0.0 <= margin < 1.0:
-            raise ConfigError(f"policy.margin={margin}: allowed 0 <= margin < 1")
-        if admission not in ("paper", "authors_code"):
-            raise ConfigError(f"policy.admission={admission!r}: allowed paper (eq. (5)), authors_code (the authors' "
-                              f"scripts' check)")
-        if isinstance(avg_batch_time, bool) or not isinstance(avg_batch_time, (int, float)) or not (
-                1e-4 <= avg_batch_time < float("inf")):
-            raise ConfigError(f"policy.avg_batch_time={avg_batch_time!r}: allowed a number of seconds >= 0.0001")
-        if not isinstance(prefix_aware, bool):
-            raise ConfigError(f"policy.prefix_aware={prefix_aware!r}: allowed true, false")
+        # every value against its declaration in kvstudy/config/schema.py (MCSF and MCBenchmark take the same keys)
+        check_group("policy", {"_target_": "kvstudy.policies.mcsf.MCSF", "margin": margin, "admission": admission,
+                               "avg_batch_time": avg_batch_time, "prefix_aware": prefix_aware})
         self.margin = float(margin)
         self.admission, self.avg_batch_time = admission, float(avg_batch_time)
         self.prefix_aware = prefix_aware

@@ -24,7 +24,7 @@ from typing import Optional
 
 import numpy as np
 
-from kvstudy.errors import ConfigError
+from kvstudy.config.validate import check_group
 from kvstudy.policies.base import Policy, SchedulerView, fifo_order
 
 
@@ -32,14 +32,10 @@ class AlphaProtection(Policy):
     name = "alpha_protection"
 
     def __init__(self, alpha: float = 0.3, beta: Optional[float] = None, admission: str = "paper") -> None:
-        if not 0.0 <= alpha < 1.0:
-            raise ConfigError(f"policy.alpha={alpha}: allowed 0 <= alpha < 1")
-        if admission not in ("paper", "authors_code"):
-            raise ConfigError(f"policy.admission={admission!r}: allowed paper (Sec. 5.2), authors_code (the authors' "
-                              f"scripts)")
+        # every value against its declaration in kvstudy/config/schema.py (beta: null is greedy clearing)
+        check_group("policy", {"_target_": "kvstudy.policies.protection.AlphaProtection", "alpha": alpha,
+                               "admission": admission, "beta": beta})
         self.admission = admission
-        if beta is not None and not 0.0 < beta <= 1.0:
-            raise ConfigError(f"policy.beta={beta}: allowed 0 < beta <= 1 (or null for greedy clearing)")
         self.alpha = float(alpha)
         self.beta = None if beta is None else float(beta)
         self.name = "alpha_greedy" if beta is None else "alpha_beta"
@@ -92,6 +88,8 @@ class FCFSWatermark(AlphaProtection):
     name = "fcfs_watermark"
 
     def __init__(self, watermark: float = 0.01) -> None:
+        # named as the watermark, before AlphaProtection reads it as its alpha
+        check_group("policy", {"_target_": "kvstudy.policies.protection.FCFSWatermark", "watermark": watermark})
         super().__init__(alpha=watermark)
         self.name = "fcfs_watermark"
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Dict, Optional
 
-from kvstudy.errors import ConfigError
+from kvstudy.config.validate import check_group
 from kvstudy.memory.paged import LATER, NEVER
 from kvstudy.policies.step import RECOMPUTE, SWAP, Decision, StepView
 from kvstudy.policies.vllm import VLLM, _Plan
@@ -115,8 +115,8 @@ class RLP(ReservingPolicy):
 
     def __init__(self, padding: int = 100, max_num_seqs: int = 256, max_num_batched_tokens: Optional[int] = None,
                  name: str = "rlp") -> None:
-        if isinstance(padding, bool) or not isinstance(padding, int) or padding < 0:
-            raise ConfigError(f"policy.padding={padding!r}: a whole number of tokens >= 0 (RLP: 100)")
+        # its own key against kvstudy/config/schema.py; VLLM checks the rest
+        check_group("policy", {"_target_": "kvstudy.policies.reserving.RLP", "padding": padding})
         super().__init__(preemption_mode=RECOMPUTE, max_num_seqs=max_num_seqs,
                          max_num_batched_tokens=max_num_batched_tokens, name=name)
         self.padding = padding
@@ -134,8 +134,8 @@ class S3(ReservingPolicy):
 
     def __init__(self, bucket: int = 50, max_num_seqs: int = 256, max_num_batched_tokens: Optional[int] = None,
                  name: str = "s3") -> None:
-        if isinstance(bucket, bool) or not isinstance(bucket, int) or bucket <= 0:
-            raise ConfigError(f"policy.bucket={bucket!r}: a positive whole number of tokens (S3: 50)")
+        # its own key against kvstudy/config/schema.py; VLLM checks the rest
+        check_group("policy", {"_target_": "kvstudy.policies.reserving.S3", "bucket": bucket})
         super().__init__(preemption_mode=SWAP, max_num_seqs=max_num_seqs,
                          max_num_batched_tokens=max_num_batched_tokens, name=name)
         self.bucket = bucket

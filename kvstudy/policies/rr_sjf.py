@@ -39,8 +39,8 @@ from __future__ import annotations
 
 from typing import List
 
-from kvstudy.states import RUNNING, SWAPPED, WAITING
-from kvstudy.errors import ConfigError
+from kvstudy.config.validate import check_group
+from kvstudy.engine.states import RUNNING, SWAPPED, WAITING
 from kvstudy.memory.paged import LATER, NEVER, OK
 from kvstudy.policies.step import RECOMPUTE, Decision, StepView
 from kvstudy.policies.vllm import VLLM, _Plan
@@ -55,12 +55,9 @@ class QueuedVLLM(VLLM):
     def __init__(self, steps_before_preemption: int = 5, quantum_unit: str = "steps",
                  preemption_mode: str = RECOMPUTE, max_num_seqs: int = 256, max_num_batched_tokens=None,
                  name: str = None) -> None:
-        if isinstance(steps_before_preemption, bool) or not isinstance(steps_before_preemption, int) \
-                or steps_before_preemption <= 0:
-            raise ConfigError(f"policy.steps_before_preemption={steps_before_preemption!r}: must be a positive "
-                              f"integer (the RR-SJF paper's runs used 5)")
-        if quantum_unit not in ("steps", "tokens"):
-            raise ConfigError(f"policy.quantum_unit={quantum_unit!r}: allowed steps (the authors' code), tokens")
+        # its own keys against kvstudy/config/schema.py (RoundRobin, RRSJF and SJF take the same); VLLM checks the rest
+        check_group("policy", {"_target_": "kvstudy.policies.rr_sjf.QueuedVLLM",
+                               "steps_before_preemption": steps_before_preemption, "quantum_unit": quantum_unit})
         super().__init__(preemption_mode=preemption_mode, max_num_seqs=max_num_seqs,
                          max_num_batched_tokens=max_num_batched_tokens, running_order="admission",
                          name=name or type(self).name)

@@ -1,6 +1,6 @@
 """The interface of preemptive policies (``memory=paged``), in the spirit of vLLM's V0/V1 scheduler.
 
-Each iteration the :class:`kvstudy.step_engine.StepEngine` shows the policy a :class:`StepView` and the
+Each iteration the :class:`kvstudy.engine.loop.StepEngine` shows the policy a :class:`StepView` and the
 policy answers with a :class:`Decision` naming everything that happens in the iteration:
 
 * ``preempt``: running requests to stop, each with a mode: ``recompute`` (KV dropped; on resume the prompt
@@ -59,48 +59,49 @@ class StepView:
     """
 
     def __init__(self, engine, step: int, time: float) -> None:
+        st = engine.state  # the run's state (kvstudy/engine/state.py): the view holds its containers, never copies
         self.step, self.time = step, time
         self.memory = engine.memory
-        self.waiting, self.running, self.swapped = engine.waiting, engine.running, engine.swapped
-        self.prompt, self.predicted, self.arrival = engine.s_list, engine.pred_list, engine.a_list
-        self.generated, self.prefilled, self.prefill_target = engine.generated, engine.prefilled, engine.target
-        self.request_id = engine.id_list
+        self.waiting, self.running, self.swapped = st.waiting, st.running, st.swapped
+        self.prompt, self.predicted, self.arrival = st.prompt, st.predicted, st.arrival
+        self.generated, self.prefilled, self.prefill_target = st.generated, st.prefilled, st.prefill_target
+        self.request_id = st.request_id
         #: tokens generated, exact for requests off the decode clock (waiting, swapped, in prefill): a plain list
-        self.waiting_generated = engine.clock.gen
+        self.waiting_generated = st.clock.tokens
         self.max_model_len = engine.max_model_len
         #: each request's state (engine codes: 0 future, 1 waiting, 2 running, 3 done, 4 rejected, 5 swapped)
-        self.state = engine.state
+        self.state = st.request_state
         #: requests that have arrived so far: engine indices 0 .. num_arrived - 1 (indices are in arrival order)
         self.num_arrived = 0
         #: running requests whose prefill is unfinished (Sarathi continues them in chunks)
-        self.prefilling = engine.prefilling
+        self.prefilling = st.prefilling
         #: running requests that need one more block to decode now (their context crosses a block boundary)
-        self.growing = engine.growing
+        self.growing = st.growing
         #: CacheOPT's deviation-direction classifier per request (1: the prediction is under the truth), or None
         self.direction = engine.direction
         #: how long the latest iteration that ran something took (0 before the first): idle time before an
         #: arrival and steps that only copy KV are not iterations (CacheOPT's T_I^max, Sec. 3.3)
         self.last_iteration_seconds = 0.0
-        self._clock, self._last_token = engine.clock, engine.last_token
-        self._engine = engine
+        self._clock, self._last_token = st.clock, st.last_token
+        self._state = st
 
     @property
     def decode_count(self) -> int:
         """Iterations so far in which every running request past its prefill decoded (``decode_all``): a request
         that decoded in each since it joined at count c with g tokens has g + (count - c) now."""
-        return self._clock.D
+        return self._clock.ticks
 
     @property
     def decode_need_tokens(self) -> int:
         """KV tokens the running requests past their prefill need in this iteration: sum(prompt + generated)."""
-        e = self._engine
-        return e.decode_ctx + len(e.running) - len(e.prefilling)
+        st = self._state
+        return st.decode_context_tokens + len(st.running) - len(st.prefilling)
 
     def last_token_time(self, i: int) -> float:
         """When request i produced its latest token (nan before its first)."""
         clock = self._clock
-        if clock.on[i] and clock.D > clock.cb[i]:
-            return clock.ends[clock.D - 1]
+        if clock.on_clock[i] and clock.ticks > clock.joined_at[i]:
+            return clock.ends[clock.ticks - 1]
         return self._last_token[i]
 
     def held_and_context(self) -> List[Tuple[int, int, int]]:

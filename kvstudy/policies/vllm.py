@@ -31,10 +31,10 @@ from __future__ import annotations
 
 from typing import List, Optional
 
-from kvstudy.errors import ConfigError
+from kvstudy.config.validate import check_group
 from kvstudy.memory.paged import LATER, NEVER
-from kvstudy.policies.cache_orders import LPM_MAX_QUEUE, ORDERS, ordered
-from kvstudy.policies.step import RECOMPUTE, SWAP, Decision, StepPolicy, StepView
+from kvstudy.policies.cache_orders import LPM_MAX_QUEUE, ordered
+from kvstudy.policies.step import RECOMPUTE, Decision, StepPolicy, StepView
 
 
 #: The decision of a decode-only step without preemption (shared: the engine never changes a decision).
@@ -72,18 +72,10 @@ class VLLM(StepPolicy):
     def __init__(self, preemption_mode: str = RECOMPUTE, max_num_seqs: int = 256,
                  max_num_batched_tokens: Optional[int] = None, running_order: str = "admission",
                  name: str = "vllm", waiting_order: str = "fcfs") -> None:
-        if preemption_mode not in (RECOMPUTE, SWAP):
-            raise ConfigError(f"policy.preemption_mode={preemption_mode!r}: allowed recompute, swap")
-        if not isinstance(max_num_seqs, int) or isinstance(max_num_seqs, bool) or max_num_seqs <= 0:
-            raise ConfigError(f"policy.max_num_seqs={max_num_seqs!r}: must be a positive integer (vLLM: 256)")
-        if max_num_batched_tokens is not None and (not isinstance(max_num_batched_tokens, int)
-                                                   or max_num_batched_tokens <= 0):
-            raise ConfigError(f"policy.max_num_batched_tokens={max_num_batched_tokens!r}: a positive integer "
-                              f"or null (vLLM: max(max_model_len, 2048))")
-        if running_order not in ("admission", "arrival"):
-            raise ConfigError(f"policy.running_order={running_order!r}: allowed admission (vLLM), arrival (Vidur)")
-        if waiting_order not in ORDERS:
-            raise ConfigError(f"policy.waiting_order={waiting_order!r}: allowed {', '.join(ORDERS)}")
+        # every value against its declaration in kvstudy/config/schema.py (the subclasses' shared keys too)
+        check_group("policy", {"_target_": "kvstudy.policies.vllm.VLLM", "preemption_mode": preemption_mode,
+                               "max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens,
+                               "running_order": running_order, "waiting_order": waiting_order})
         self.waiting_order = waiting_order
         self.preemption_mode = preemption_mode
         self.max_num_seqs = max_num_seqs
@@ -223,8 +215,8 @@ class Sarathi(VLLM):
 
     def __init__(self, chunk_size: int = 512, preemption_mode: str = RECOMPUTE, max_num_seqs: int = 256,
                  running_order: str = "admission", name: str = "sarathi", waiting_order: str = "fcfs") -> None:
-        if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size <= 0:
-            raise ConfigError(f"policy.chunk_size={chunk_size!r}: must be a positive integer (Sarathi-Serve: 512)")
+        # named as chunk_size before VLLM reads it as its max_num_batched_tokens
+        check_group("policy", {"_target_": "kvstudy.policies.vllm.Sarathi", "chunk_size": chunk_size})
         super().__init__(preemption_mode=preemption_mode, max_num_seqs=max_num_seqs,
                          max_num_batched_tokens=chunk_size, running_order=running_order, name=name,
                          waiting_order=waiting_order)

@@ -7,29 +7,30 @@ from dataclasses import asdict
 from pathlib import Path
 
 from kvstudy.errors import ConfigError, DataError, cli_entry
-from kvstudy.paths import CALIBRATION_FILE, CONF_DIR, PROFILES_DIR, SHARED_REFERENCE, load_model_arch
+from kvstudy.running.paths import (CALIBRATION_FILE, CONF_DIR, PROFILES_DIR, SHARED_REFERENCE, load_model_arch,
+                                 prepare_dir, prepare_file)
 
 
 def _check_paths(args) -> None:
-    """Input paths that cannot be read (a folder for a file, a missing folder) and outputs that would land on a
-    folder: one line each, before any work."""
+    """Input paths that cannot be read (a folder for a file, a missing folder), and the output prepared by
+    kvstudy/running/paths.py (a file, a path under a file, a folder that cannot be written): one line each, before
+    any work."""
     if args.command == "calibrate":
         if not args.vidur_data.is_dir():
             raise ConfigError(f"--vidur-data {args.vidur_data}: not a folder; allowed: a checkout of Vidur's data/ "
                               f"(profiling/compute/a100/...)")
-        if args.out.is_dir():
-            raise ConfigError(f"--out {args.out}: a folder; allowed: a .json file path")
+        prepare_file(args.out, "--out", fix="allowed: a .json file path")  # its folder made: written without mkdir
     if args.command == "build":
         if args.calibration.exists() and not args.calibration.is_file():
             raise ConfigError(f"--calibration {args.calibration}: not a regular file; allowed: the JSON "
                               f"`python -m kvstudy.profiles calibrate` writes")
-        if args.out.exists() and not args.out.is_dir():
-            raise ConfigError(f"--out {args.out}: not a folder; allowed: a folder for compute/ and network/")
+        for folder in (args.out, args.out / "compute", args.out / "network"):  # made by the builder, once it writes
+            prepare_dir(folder, "--out", fix="allowed: a folder for compute/ and network/", create=False)
 
 
 @cli_entry
 def main(argv=None) -> int:
-    from kvstudy.validate import check_group, one_line_parser
+    from kvstudy.config.validate import check_group, one_line_parser
 
     parser = one_line_parser()(prog="python -m kvstudy.profiles", description=__doc__)  # usage errors: one line
     sub = parser.add_subparsers(dest="command", required=True)

@@ -21,8 +21,8 @@ from typing import Dict, Iterable, List
 import numpy as np
 import pandas as pd
 
-from kvstudy.arch import ModelArch
-from kvstudy.atomic import write_atomic
+from kvstudy.costs.arch import ModelArch
+from kvstudy.running.atomic import write_atomic
 from kvstudy.errors import ConfigError
 from kvstudy.profiles import gpu_model as gm
 from kvstudy.profiles.calibration import op_times_from_calibration

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
 
-from kvstudy.arch import ModelArch
+from kvstudy.costs.arch import ModelArch
 from kvstudy.errors import DataError
 from kvstudy.profiles.gpu_model import DEVICES, GEMM_OPS, MLP_OPS, collective_ms, mlp_op_times, op_work, roofline_ms
 

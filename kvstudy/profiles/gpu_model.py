@@ -21,7 +21,7 @@ from typing import Dict, Mapping
 
 import numpy as np
 
-from kvstudy.arch import ModelArch
+from kvstudy.costs.arch import ModelArch
 
 
 @dataclass(frozen=True)

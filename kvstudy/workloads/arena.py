@@ -28,6 +28,7 @@ from typing import Optional
 
 import pandas as pd
 
+from kvstudy.config.validate import check_group
 from kvstudy.errors import ConfigError, DataError, cli_entry
 from kvstudy.workloads.requests import regular_file
 
@@ -65,10 +66,8 @@ def arena(num_requests: int = 1000, path: Optional[str] = None, chars_per_token:
           max_model_len: Optional[int] = None) -> pd.DataFrame:
     """The first ``num_requests`` of the shuffled selection: prompt and output tokens (no arrival times;
     choose ``+demand=offline`` for the paper's burst at t = 0, or a Poisson rate)."""
-    if isinstance(num_requests, bool) or not isinstance(num_requests, int) or num_requests <= 0:
-        raise ConfigError(f"workload.num_requests={num_requests!r}: must be a positive integer (at most 1000)")
-    if not chars_per_token > 0:
-        raise ConfigError(f"workload.chars_per_token={chars_per_token!r}: must be > 0")
+    check_group("workload", {"_target_": "kvstudy.workloads.arena.arena", "num_requests": num_requests,
+                             "chars_per_token": chars_per_token})  # their bounds: kvstudy/config/schema.py
     if path is None:
         chosen = pd.read_csv(SHIPPED)
         missing = [c for c in COLUMNS if c not in chosen.columns]
@@ -94,7 +93,7 @@ def main(argv=None) -> int:
     if not argv or argv[0] != "build":
         print("usage: python -m kvstudy.workloads.arena build [--source FILE]", file=sys.stderr)
         return 2
-    from kvstudy.paths import SHARED_REFERENCE
+    from kvstudy.running.paths import SHARED_REFERENCE
 
     source = Path(argv[argv.index("--source") + 1]) if "--source" in argv else \
         SHARED_REFERENCE / "traces-extra" / "arena_llama32_1b_lengths.csv"

@@ -3,14 +3,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvstudy.errors import ConfigError
+from kvstudy.config.validate import check_group
 
 
 def poisson(n: int, rate: float, rng: np.random.Generator) -> np.ndarray:
     """Stationary Poisson process of ``rate`` requests per time unit starting at 0 (Sec. 5.2: high
     demand 50/s, low demand 10/s): exponential gaps, the first one included."""
-    if not rate > 0:
-        raise ConfigError(f"demand.rate={rate}: must be > 0 requests per second")
+    check_group("demand", {"kind": "poisson", "rate": rate})  # its bounds: kvstudy/config/schema.py
     return np.cumsum(rng.exponential(1.0 / rate, n))
 
 
@@ -23,6 +22,5 @@ PROCESSES = {"poisson": poisson, "offline": offline}
 
 
 def arrivals(kind: str, n: int, rng: np.random.Generator, rate: float = None) -> np.ndarray:
-    if kind not in PROCESSES:
-        raise ConfigError(f"demand.kind={kind!r}: allowed {', '.join(PROCESSES)}")
+    check_group("demand", {"kind": kind})  # one of PROCESSES, as kvstudy/config/schema.py declares
     return PROCESSES[kind](n, rate, rng)

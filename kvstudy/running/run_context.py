@@ -20,6 +20,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from kvstudy.engine.states import PolicyError
+
 #: the engine inputs a ``before_run`` hook may return (StepEngine's keyword arguments)
 ENGINE_INPUTS = ("direction",)
 
@@ -29,7 +31,7 @@ class RunContext:
     cfg: Any  # the run's composed config (omegaconf.DictConfig)
     requests: Any  # kvstudy.workloads.requests.Requests
     predicted: np.ndarray
-    arch: Any  # kvstudy.arch.ModelArch
+    arch: Any  # kvstudy.costs.arch.ModelArch
     hardware: Any  # kvstudy.latency.tables.HardwareSpec
     latency: Any
     capacity: int  # KV capacity in tokens
@@ -50,6 +52,6 @@ def engine_inputs(policy, returned) -> dict:
         return {}
     name = getattr(policy, "name", type(policy).__name__)
     if not isinstance(returned, dict) or set(returned) - set(ENGINE_INPUTS):
-        raise TypeError(f"policy '{name}': before_run returns None or a dict with keys among {ENGINE_INPUTS}, got "
-                        f"{returned!r:.80}")
+        raise PolicyError(f"policy '{name}': before_run returns None or a dict with keys among {ENGINE_INPUTS}, "
+                          f"got {returned!r:.80}")
     return dict(returned)

@@ -1,8 +1,8 @@
 """Tokens of the requests that decode in every iteration, counted without visiting each request per step.
 
 In vLLM's and Sarathi's schedules every running request past its prefill decodes in every iteration that
-decodes at all (a ``decode_all`` decision). The clock counts those iterations (``D``); a request that
-joined it at count ``cb[i]`` with ``gen[i]`` tokens has ``gen[i] + D - cb[i]`` tokens now. Its next
+decodes at all (a ``decode_all`` decision). The clock counts those iterations (``ticks``); a request that
+joined it at tick ``joined_at[i]`` with ``tokens[i]`` tokens has ``tokens[i] + ticks - joined_at[i]`` tokens now. Its next
 completion and its next block boundary are known in advance, so they are kept in buckets keyed by the
 count at which they happen: an iteration costs O(1) plus the requests that finish or grow in it, not
 O(running). The time of every counted iteration's tokens is kept (``ends``), so each request's largest
@@ -27,25 +27,27 @@ import numpy as np
 class DecodeClock:
     def __init__(self, n: int, prompt, output, block_size: int, held: dict, last_token: list, max_gap: list,
                  gaps: bool = True) -> None:
-        """``gaps`` false: no gap between tokens is kept (the paper's records compute time between tokens from the
-        iterations' stamps instead, kvstudy/records.py)."""
+        """``ticks``: counted iterations so far; per request ``tokens`` (produced tokens: exact off the clock, at
+        joining while on it), ``joined_at`` (the tick it joined at), ``on_clock``; ``size``: requests on the clock.
+        ``held`` is the memory's per-request blocks (read for block boundaries). ``gaps`` false: no gap between tokens is kept (the paper's records compute time between tokens from the
+        iterations' stamps instead, kvstudy/engine/records.py)."""
         self.track_gaps = gaps
-        self.D = 0
-        self.gen = [0] * n
-        self.cb = [0] * n
-        self.on = [False] * n
-        self.count = 0
+        self.ticks = 0
+        self.tokens = [0] * n
+        self.joined_at = [0] * n
+        self.on_clock = [False] * n
+        self.size = 0
         self.s, self.o, self.bs, self.held = prompt, output, block_size, held
         self.last_token, self.max_gap = last_token, max_gap
-        self.ends = []  # ends[k]: token time of the counted iteration that took D from k to k + 1
+        self.ends = []  # ends[k]: token time of the counted iteration that took ticks from k to k + 1
         self.gaps = []  # gaps[k] = ends[k] - ends[k - 1] (gaps[0] unused)
-        self.finish_at = defaultdict(list)  # D after the iteration -> requests producing their last token
-        self.grow_at = defaultdict(list)  # D before the iteration -> requests needing a block to decode
+        self.finish_at = defaultdict(list)  # ticks after the iteration -> requests producing their last token
+        self.grow_at = defaultdict(list)  # ticks before the iteration -> requests needing a block to decode
         self.first_gaps = []  # each stint's first gap on the clock (from the token before it)
         self.cover = defaultdict(int)  # difference array: how many requests' gaps include gaps[k]
 
     def generated(self, i: int) -> int:
-        return self.gen[i] + self.D - self.cb[i] if self.on[i] else self.gen[i]
+        return self.tokens[i] + self.ticks - self.joined_at[i] if self.on_clock[i] else self.tokens[i]
 
     def _next_growth(self, i: int, g: int) -> None:
         """Schedule the first count at which request i (g tokens now) needs a block beyond what it holds (never
@@ -54,32 +56,32 @@ class DecodeClock:
             return
         g_star = max(g, self.held.get(i, 0) * self.bs - self.s[i] + 1)
         if g_star < self.o[i]:  # the last decode runs with o - 1 tokens
-            self.grow_at[self.D + g_star - g].append(i)
+            self.grow_at[self.ticks + g_star - g].append(i)
 
     def start(self, i: int, g: int) -> None:
         """Request i, with g tokens, decodes in every counted iteration from now on."""
-        self.gen[i], self.cb[i], self.on[i] = g, self.D, True
-        self.count += 1
-        self.finish_at[self.D + self.o[i] - g].append(i)
+        self.tokens[i], self.joined_at[i], self.on_clock[i] = g, self.ticks, True
+        self.size += 1
+        self.finish_at[self.ticks + self.o[i] - g].append(i)
         if self.bs:
             self._next_growth(i, g)
 
     def stop(self, i: int) -> int:
         """Request i leaves the clock: its tokens and token gaps are written back; returns its tokens."""
-        cb, D = self.cb[i], self.D
-        if D > cb and self.track_gaps:
-            first = self.ends[cb] - self.last_token[i]
+        joined, D = self.joined_at[i], self.ticks
+        if D > joined and self.track_gaps:
+            first = self.ends[joined] - self.last_token[i]
             self.first_gaps.append(first)
-            if D - cb > 1:
-                self.cover[cb + 1] += 1
+            if D - joined > 1:
+                self.cover[joined + 1] += 1
                 self.cover[D] -= 1
-            worst = max(first, max(self.gaps[cb + 1:D])) if D - cb > 1 else first
+            worst = max(first, max(self.gaps[joined + 1:D])) if D - joined > 1 else first
             if worst > self.max_gap[i]:
                 self.max_gap[i] = worst
             self.last_token[i] = self.ends[D - 1]
-        g = self.gen[i] + D - cb
-        self.gen[i], self.on[i] = g, False
-        self.count -= 1
+        g = self.tokens[i] + D - joined
+        self.tokens[i], self.on_clock[i] = g, False
+        self.size -= 1
         return g
 
     def pooled_gaps(self):
@@ -93,21 +95,22 @@ class DecodeClock:
 
     def growing(self) -> set:
         """Requests that need one more block to decode in this count's iteration."""
-        due = self.grow_at.get(self.D)
+        due = self.grow_at.get(self.ticks)
         if not due:
             return set()
         held, s, bs = self.held, self.s, self.bs
-        return {i for i in due if self.on[i] and s[i] + self.gen[i] + self.D - self.cb[i] > held.get(i, 0) * bs}
+        D = self.ticks
+        return {i for i in due if self.on_clock[i] and s[i] + self.tokens[i] + D - self.joined_at[i] > held.get(i, 0) * bs}
 
     def grown(self, grew) -> None:
         """The requests in ``grew`` took their block in this count's iteration: schedule their next one."""
-        self.grow_at.pop(self.D, None)
+        self.grow_at.pop(self.ticks, None)
         for i in grew:
-            self._next_growth(i, self.gen[i] + self.D - self.cb[i])
+            self._next_growth(i, self.tokens[i] + self.ticks - self.joined_at[i])
 
     def reschedule_growth(self, i: int) -> None:
         """Request i's holding changed (a reservation): its next boundary moves."""
-        if self.on[i]:
+        if self.on_clock[i]:
             self._next_growth(i, self.generated(i))
 
     def tick(self, end: float) -> list:
@@ -116,9 +119,9 @@ class DecodeClock:
         if self.track_gaps:
             self.gaps.append(end - self.ends[-1] if self.ends else 0.0)
         self.ends.append(end)
-        self.D += 1
-        due = self.finish_at.pop(self.D, None)
+        self.ticks += 1
+        due = self.finish_at.pop(self.ticks, None)
         if not due:
             return []
-        o, D = self.o, self.D
-        return list({i for i in due if self.on[i] and self.gen[i] + D - self.cb[i] == o[i]})
+        o, D = self.o, self.ticks
+        return list({i for i in due if self.on_clock[i] and self.tokens[i] + D - self.joined_at[i] == o[i]})

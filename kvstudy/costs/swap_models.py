@@ -3,7 +3,7 @@ and host memory, in one direction. Each GPU copies its own tensor-parallel shard
 same time, so a copy of n blocks moves ``n * block_bytes_per_gpu`` bytes per GPU.
 
 * ``pcie`` (:class:`PcieSwap`): a bandwidth model: PCIe 4.0 x16 (``hardware.pcie_gbps``) at 80%
-  efficiency plus 10 us per layer (vLLM issues one copy per layer), as in ``kvstudy/preemption_cost.py``.
+  efficiency plus 10 us per layer (vLLM issues one copy per layer), as in ``kvstudy/costs/preemption_cost.py``.
 * ``vllm_blocks`` (:class:`VllmBlocksSwap`): vLLM V0's one-``cudaMemcpyAsync``-per-block path, which
   CacheOPT and RR-SJF ran on. vLLM pull request 11531 measured, on an A100-40GB, 1.21 GB/s for one
   block and 3.11 GB/s for 1,250 blocks with that implementation (12.6 GB/s with the PR's new kernel).
@@ -16,7 +16,7 @@ iteration then takes the longer of the two) or before it (vLLM V0: they do not o
 """
 from __future__ import annotations
 
-from kvstudy.errors import ConfigError
+from kvstudy.config.validate import check_group
 
 PCIE_EFFICIENCY = 0.8
 PER_LAYER_OVERHEAD_S = 10e-6
@@ -40,8 +40,7 @@ class SwapModel:
     name = "base"
 
     def __init__(self, overlap: bool = False) -> None:
-        if not isinstance(overlap, bool):
-            raise ConfigError(f"swap.overlap={overlap!r}: allowed true or false")
+        check_group("swap", {"overlap": overlap})  # a setting of every swap model (kvstudy/config/schema.py)
         self.overlap = overlap
 
     def bind(self, arch, hardware, block_tokens: int) -> "SwapModel":
@@ -65,10 +64,8 @@ class PcieSwap(SwapModel):
     def __init__(self, efficiency: float = PCIE_EFFICIENCY, per_layer_overhead_s: float = PER_LAYER_OVERHEAD_S,
                  overlap: bool = False, name: str = "pcie") -> None:
         super().__init__(overlap)
-        if not 0 < float(efficiency) <= 1:
-            raise ConfigError(f"swap.efficiency={efficiency}: allowed 0 < efficiency <= 1")
-        if float(per_layer_overhead_s) < 0:
-            raise ConfigError(f"swap.per_layer_overhead_s={per_layer_overhead_s}: must be >= 0")
+        check_group("swap", {"_target_": "kvstudy.costs.swap_models.PcieSwap", "efficiency": efficiency,
+                             "per_layer_overhead_s": per_layer_overhead_s})
         self.efficiency, self.per_layer = float(efficiency), float(per_layer_overhead_s)
 
     def seconds(self, blocks: int) -> float:
@@ -82,8 +79,7 @@ class VllmBlocksSwap(SwapModel):
 
     def __init__(self, kernel: str = "per_block", overlap: bool = False, name: str = "vllm_blocks") -> None:
         super().__init__(overlap)
-        if kernel not in ("per_block", "batched"):
-            raise ConfigError(f"swap.kernel={kernel!r}: allowed per_block (vLLM V0), batched (PR 11531's kernel)")
+        check_group("swap", {"_target_": "kvstudy.costs.swap_models.VllmBlocksSwap", "kernel": kernel})
         self.kernel = kernel
         self.a_ns, self.b_ns = _fit_per_block_rate()
 

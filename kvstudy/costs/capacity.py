@@ -16,13 +16,10 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-from kvstudy.arch import ModelArch
+from kvstudy.config.validate import check_group
+from kvstudy.costs.arch import ModelArch
 from kvstudy.errors import ConfigError
 from kvstudy.latency.tables import HardwareSpec
-
-
-#: the largest KV capacity accepted: 2^26 tokens (an 8-GPU node with a 1B model holds ~20M)
-MAX_CAPACITY_TOKENS = 1 << 26
 
 
 def _weights_per_gpu(arch: ModelArch, hw: HardwareSpec) -> float:
@@ -51,18 +48,12 @@ def auto_capacity(arch: ModelArch, hw: HardwareSpec, gpu_memory_utilization: flo
 
 
 def resolve_capacity(value, arch: ModelArch, hw: HardwareSpec, **auto_kw) -> int:
-    if isinstance(value, str) and value == "auto":
+    # auto, or a whole number of tokens (1e5 too) up to 2^26 (an 8-GPU node with a 1B model holds ~20M), as
+    # kvstudy/config/schema.py declares memory.capacity_tokens
+    check_group("memory", {"capacity_tokens": value})
+    if value == "auto":
         return auto_capacity(arch, hw, **auto_kw)
-    try:
-        tokens = int(value)
-    except (TypeError, ValueError, OverflowError):  # OverflowError: inf
-        raise ConfigError(f"memory.capacity_tokens={value!r}: allowed a positive whole number or 'auto'")
-    if tokens <= 0 or tokens != float(value):
-        raise ConfigError(f"memory.capacity_tokens={value!r}: allowed a positive whole number or 'auto'")
-    if tokens > MAX_CAPACITY_TOKENS:
-        raise ConfigError(f"memory.capacity_tokens={value!r}: allowed at most {MAX_CAPACITY_TOKENS:,} tokens (far beyond "
-                          f"the KV pool of any GPU set modelled here)")
-    return tokens
+    return int(value)
 
 
 def fit_note(arch: ModelArch, hw: HardwareSpec, capacity_tokens: int) -> Optional[str]:

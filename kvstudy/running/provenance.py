@@ -20,7 +20,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Iterable, Optional
 
-PACKAGE_DIR = Path(__file__).resolve().parent
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # kvstudy/
 RESUME_MODES = ("code", "config", "never")
 
 
@@ -56,7 +56,7 @@ def code_digest() -> str:
     reference runs, whose values are not in the run's own resolved config) and the vidur version."""
     from omegaconf import OmegaConf
 
-    from kvstudy.paths import CONF_DIR
+    from kvstudy.running.paths import CONF_DIR
 
     h = hashlib.sha256()
     for path in sorted(PACKAGE_DIR.rglob("*")):

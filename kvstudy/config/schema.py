@@ -7,7 +7,7 @@ sometimes under another key's name (``policy.watermark`` reported as ``policy.al
 whether a value is allowed (strict: no coercion, no ``inf``/``nan``) and :meth:`Key.allowed` says, in one line,
 what is. Groups whose options take different keys (``policy``, ``memory``, ``latency``, ``swap``, ``workload``;
 ``predictor`` by its ``kind``) are keyed by the option's ``_target_``, so a user's own ``_target_`` is checked on
-its common keys only and the rest is left to the object (``api._instantiate`` names keys it does not take).
+its common keys only and the rest is left to the object (``check_settings`` in validate.py names keys it does not take, as kvstudy/running/targets.py instantiates it).
 
 Conventions: every number has an upper bound (so nothing overflows an int64 or a float sum; the bounds are far
 above any deployment modelled here); a whole number is a Python int, never a bool, and a float such as 1e3 only
@@ -275,6 +275,7 @@ SCHEMA: Dict[str, Group] = {
         "arrivals": choice("paper", "authors_code"),
         "max_batch": whole(ge=1, le=1 << 24, null=True, e_notation=True),
         "raise_prediction_on_eviction": flag(),
+        "accept_rejections": flag(),
         "max_iterations": whole(ge=1, le=2 ** 62, e_notation=True),
         "progress": flag(),
     }),
@@ -314,9 +315,9 @@ SCHEMA: Dict[str, Group] = {
                                        "decode_block_check": choice("vllm", "boundary"), "prefix_caching": flag()},
     }),
     "swap": Group({"name": NAME, "overlap": flag()}, by="_target_", options={
-        "kvstudy.swap_models.PcieSwap": {"efficiency": number(gt=0.0, le=1.0),
+        "kvstudy.costs.swap_models.PcieSwap": {"efficiency": number(gt=0.0, le=1.0),
                                          "per_layer_overhead_s": number(ge=0.0, le=1.0, unit="seconds")},
-        "kvstudy.swap_models.VllmBlocksSwap": {"kernel": choice("per_block", "batched")},
+        "kvstudy.costs.swap_models.VllmBlocksSwap": {"kernel": choice("per_block", "batched")},
     }),
     "latency": Group({"name": NAME}, by="_target_", options={
         "kvstudy.latency.models.UnitLatency": {},
@@ -348,7 +349,7 @@ SCHEMA: Dict[str, Group] = {
                       by="_target_", options={
         "kvstudy.workloads.lmsys.lmsys": {"num_requests": whole(ge=1, le=1 << 27),
                                           "max_total_tokens": whole(ge=2, le=1 << 24, null=True, unit="tokens")},
-        "kvstudy.workloads.cacheopt.cacheopt_trace": {"trace": choice("alpaca", "sharegpt", "bookcorpus"),
+        "kvstudy.cacheopt.workloads.cacheopt_trace": {"trace": choice("alpaca", "sharegpt", "bookcorpus"),
                                                       "num_requests": whole(ge=1, le=1 << 27),
                                                       "rate": number(gt=0.0, le=1e9, null=True, unit="requests/s")},
         "kvstudy.workloads.arena.arena": {"num_requests": whole(ge=1, le=1000),
@@ -387,7 +388,7 @@ SCHEMA: Dict[str, Group] = {
         "kvstudy.policies.protection.FCFSWatermark": {"watermark": fraction()},
         "kvstudy.policies.mcsf.MCSF": _PREFIX,
         "kvstudy.policies.mcsf.MCBenchmark": _PREFIX,
-        "kvstudy.policies.cacheopt.CacheOPT": _CACHEOPT,
+        "kvstudy.cacheopt.policy.CacheOPT": _CACHEOPT,
         "kvstudy.policies.reserving.RLP": {"padding": whole(ge=0, le=1 << 24, unit="tokens"),
                                            "max_num_seqs": MAX_NUM_SEQS, "max_num_batched_tokens": BATCHED_TOKENS},
         "kvstudy.policies.reserving.S3": {"bucket": whole(ge=1, le=1 << 24, unit="tokens"),

@@ -9,9 +9,16 @@ keeps the results identical and drops the overhead:
   with merge, values parsed by Hydra's override parser), and ``hydra.job.override_dirname`` is computed by
   Hydra's own function, so every run lands in the folder and gets the config the other launchers give it (a
   test compares both for every job of a sweep);
-* ``n_jobs`` forked worker processes (default: one per core) each run a share of the jobs in turn, with the
-  modules and the predictor tables already loaded;
+* ``n_jobs`` forked worker processes (null, the default: one per core; a whole number >= 1 otherwise) each run a
+  share of the jobs in turn, with the modules and the predictor tables already loaded;
 * a finished run is recognised from its ``summary.json`` and resolved config (``api.run``), in milliseconds.
+
+What a sweep prints: one line per run as it finishes (``#<job> <folder>: <status>, <completed>/<requests> requests,
+mean e2e ...``, its warnings under it), no per-run progress bar (``engine.progress`` is off in a sweep's runs: the
+bars of several workers would interleave with these lines), and at the end ``sweep done: N runs, C completed, S
+skipped (already finished), F failed (error.txt in each), in T s: <sweep dir>``. The submitit launchers
+(``hydra/launcher=local_submitit``, ``slurm``: ``hydra_plugins/kvstudy_sweeps/submitit_launchers.py``) print each
+run's line and the same summary when their jobs are done.
 
 Per run it writes what ``python -m kvstudy`` writes (``resolved_config.yaml``, the parquet tables,
 ``summary.json``), not Hydra's ``.hydra/`` folder or log file. A user error fails its own run (``error.txt``)
@@ -21,9 +28,12 @@ and the sweep goes on (``sweep_callback.FailedRuns`` counts them at the end). ``
 from __future__ import annotations
 
 import copy
+import json
 import multiprocessing as mp
 import os
 import sys
+import time
+import warnings
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -36,7 +46,7 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from kvstudy.errors import ConfigError
-from kvstudy.paths import CONF_DIR
+from kvstudy.running.paths import CONF_DIR
 
 #: compositions by the group-choosing overrides (filled before the workers fork, so they inherit them): the
 #: task config (no ``hydra`` node) and the unresolved sweep dir, subdir and override_dirname settings
@@ -59,7 +69,7 @@ def _is_plain(o: Override) -> bool:
 
 
 def _is_policy_key(o: Override) -> bool:
-    """``++policy.K=V``: a policy key on a sweep that chooses the policy (kvstudy/cli_overrides.py), set in the runs
+    """``++policy.K=V``: a policy key on a sweep that chooses the policy (kvstudy/config/cli_overrides.py), set in the runs
     whose policy has the key."""
     return o.type == OverrideType.FORCE_ADD and o.package is None and not o.is_sweep_override() \
         and o.key_or_group.startswith("policy.")
@@ -85,6 +95,12 @@ def job_config(sig: Tuple[str, ...], overrides: List[str], idx: int) -> Tuple[Di
     """The job's task config and run folder from the composition of its group choices: the plain overrides
     applied as Hydra applies them (``OmegaConf.update`` with merge, values parsed by Hydra's parser), the folder
     from the sweep dir and subdir with ``hydra.job.override_dirname`` computed by Hydra's function."""
+    task, folder, _ = _job_paths(sig, overrides, idx)
+    return task, folder
+
+
+def _job_paths(sig: Tuple[str, ...], overrides: List[str], idx: int) -> Tuple[DictConfig, Path, Path]:
+    """``job_config``, and the job's sweep dir."""
     from hydra._internal.config_loader_impl import get_overrides_dirname
 
     base, hyd = _BASES[sig]
@@ -106,9 +122,10 @@ def job_config(sig: Tuple[str, ...], overrides: List[str], idx: int) -> Tuple[Di
     # the sweep dir may interpolate the task (outputs/table1/${hardware.name}): resolve it against this job's task
     with open_dict(task):
         task.hydra = {"sweep": dict(hyd["sweep"]), "job": {"override_dirname": dirname, "id": idx, "num": idx}}
-        folder = Path(str(task.hydra.sweep.dir)) / str(task.hydra.sweep.subdir)
+        sweep_dir = Path(str(task.hydra.sweep.dir))
+        folder = sweep_dir / str(task.hydra.sweep.subdir)
         del task["hydra"]
-    return task, folder
+    return task, folder, sweep_dir
 
 
 def task_config(cfg: DictConfig) -> DictConfig:
@@ -119,30 +136,86 @@ def task_config(cfg: DictConfig) -> DictConfig:
     return task
 
 
-def _run(job: Tuple[int, List[str], Tuple[str, ...]]) -> Tuple[int, str, str]:
+#: what became of a run, as the sweep's last line counts it
+COMPLETED, SKIPPED, FAILED, UNFINISHED = "completed", "skipped", "failed", "unfinished"
+
+
+def result_line(summary: dict) -> Tuple[str, str]:
+    """(kind, the one line a sweep prints for a run) from its summary."""
+    if summary.get("skipped"):
+        return SKIPPED, "complete already, skipped"
+    mean = (summary.get("e2e_latency") or {}).get("mean")
+    line = f"{summary['status']}, {summary['completed']}/{summary['num_requests']} requests" + (
+        f", mean e2e {mean:.4g}" if mean is not None else "")
+    return (COMPLETED if summary["status"] == "completed" else UNFINISHED), line
+
+
+def _run(job: Tuple[int, List[str], Tuple[str, ...]]) -> Tuple[int, str, str, str, str, List[str]]:
+    """One run in a worker: (job index, run folder, sweep dir, kind, its line, its warnings). No progress bar (module
+    docstring); the run's warnings are returned, to be printed under its line instead of across other lines."""
     from kvstudy.errors import KvStudyError
-    from kvstudy.sweep_callback import ERROR_FILE, internal_error_text, record_error, run_recording_errors
+    from kvstudy.running.sweep_callback import ERROR_FILE, internal_error_text, record_error, run_recording_errors
 
     idx, overrides, sig = job
-    folder = None
-    try:
-        task, folder = job_config(sig, overrides, idx)
-        summary = run_recording_errors(task, folder)
-    except KvStudyError as exc:  # a bad composition (no folder yet) is said here; a run's error is in its folder
-        return idx, str(folder), f"error: {exc}"
-    except Exception as exc:  # not a user error: recorded with its traceback, the sweep goes on
-        if folder is not None:
-            record_error(folder, internal_error_text(exc))
-        return idx, str(folder), f"error: internal error {exc!r} (traceback in {ERROR_FILE})"
-    if summary.get("skipped"):
-        return idx, str(folder), "complete already, skipped"
-    mean = summary["e2e_latency"]["mean"]
-    return idx, str(folder), f"{summary['status']}, {summary['completed']}/{summary['num_requests']} requests" + (
-        f", mean e2e {mean:.4g}" if mean is not None else "")
+    folder = sweep_dir = None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            task, folder, sweep_dir = _job_paths(sig, overrides, idx)
+            if OmegaConf.select(task, "engine.progress", default=None) is not None:
+                task.engine.progress = False  # the bars of several workers would interleave with the result lines
+            summary = run_recording_errors(task, folder)
+        except KvStudyError as exc:  # a bad composition (no folder yet) is said here; a run's error is in its folder
+            kind, line = FAILED, f"error: {exc}"
+        except Exception as exc:  # not a user error: recorded with its traceback, the sweep goes on
+            if folder is not None:
+                record_error(folder, internal_error_text(exc))
+            kind, line = FAILED, f"error: internal error {exc!r} (traceback in {ERROR_FILE})"
+        else:
+            kind, line = result_line(summary)
+    notes = list(dict.fromkeys(str(w.message).strip() for w in caught))
+    return idx, str(folder), str(sweep_dir), kind, line, notes
+
+
+def summary_line(kinds: List[str], seconds: float, sweep_dirs) -> str:
+    """The sweep's last line: how many runs completed, were skipped, failed, ended otherwise; its folder(s)."""
+    count = {k: kinds.count(k) for k in (COMPLETED, SKIPPED, FAILED, UNFINISHED)}
+    dirs = sorted({str(d) for d in sweep_dirs if d and d != "None"})
+    ended = (f", {count[UNFINISHED]} ended without completing (their summary.json says why)"
+             if count[UNFINISHED] else "")
+    return (f"sweep done: {len(kinds)} runs, {count[COMPLETED]} completed, {count[SKIPPED]} skipped (already "
+            f"finished), {count[FAILED]} failed (error.txt in each){ended}, in {seconds:.1f} s: "
+            f"{', '.join(dirs) if dirs else '(no folder)'}")
+
+
+def say_run(idx, folder: str, line: str, notes=()) -> None:
+    print(f"#{idx} {folder}: {line}", flush=True)
+    for note in notes:
+        print(f"  warning: {note}", file=sys.stderr, flush=True)
+
+
+def folder_result(folder: Path, started: float) -> Tuple[str, str]:
+    """(kind, line) of a run another launcher ran (submitit), read from its folder: ``error.txt``, or ``summary.json``
+    (written before ``started``: a finished run the sweep skipped)."""
+    from kvstudy.running.sweep_callback import ERROR_FILE
+
+    error, summary_file = folder / ERROR_FILE, folder / "summary.json"
+    if error.is_file():
+        first = (error.read_text(errors="replace").strip().splitlines() or ["(empty error.txt)"])[0]
+        return FAILED, f"error: {first}"
+    if summary_file.is_file():
+        try:
+            summary = json.loads(summary_file.read_text())
+        except ValueError:
+            return FAILED, "error: summary.json cannot be read"
+        if summary_file.stat().st_mtime < started:
+            summary = {**summary, "skipped": True}
+        return result_line(summary)
+    return FAILED, "error: no summary.json and no error.txt (see the job's log)"
 
 
 def _say_policy_keys(jobs) -> None:
-    """Once per sweep: policy keys that some swept policies have no setting for (kvstudy/cli_overrides.py)."""
+    """Once per sweep: policy keys that some swept policies have no setting for (kvstudy/config/cli_overrides.py)."""
     missing: Dict[str, set] = {}
     having: Dict[str, set] = {}
     for _, overrides, sig in jobs:
@@ -176,11 +249,25 @@ def _distinct(jobs):
     return kept
 
 
+def _count(key: str, value, null: str = "") -> Optional[int]:
+    """A launcher setting that counts (``hydra.launcher.n_jobs``): a whole number >= 1 (or null where ``null`` says
+    what it means), else one ``error:`` line and status 2 from here (Hydra would print the constructor's text)."""
+    if value is None and null:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value
+    from kvstudy.config.schema import show
+    from kvstudy.errors import report
+
+    allowed = "a whole number >= 1" + (f", or null ({null})" if null else "")
+    sys.exit(report(ConfigError(f"hydra.launcher.{key}={show(value)}: allowed {allowed}")))
+
+
 class BatchLauncher(Launcher):
-    def __init__(self, n_jobs: int = -1, chunksize: int = 4) -> None:
+    def __init__(self, n_jobs: Optional[int] = None, chunksize: int = 1) -> None:
         super().__init__()
-        self.n_jobs = int(n_jobs)
-        self.chunksize = max(1, int(chunksize))
+        self.n_jobs = _count("n_jobs", n_jobs, null="one worker process per core")
+        self.chunksize = _count("chunksize", chunksize)
         self.config: Optional[DictConfig] = None
         self.hydra_context: Optional[HydraContext] = None
 
@@ -189,6 +276,7 @@ class BatchLauncher(Launcher):
         self.hydra_context = hydra_context
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        start = time.monotonic()
         setup_globals()
         assert self.config is not None and self.hydra_context is not None
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
@@ -203,29 +291,33 @@ class BatchLauncher(Launcher):
             _say_policy_keys(jobs)
             jobs = _distinct(jobs)
         by_index = {job[0]: job[1] for job in jobs}
-        workers = (os.cpu_count() or 1) if self.n_jobs < 1 else self.n_jobs
+        workers = (os.cpu_count() or 1) if self.n_jobs is None else self.n_jobs
         workers = max(1, min(workers, len(jobs)))
         print(f"[kvstudy launcher] {len(jobs)} runs, {workers} worker process(es), "
               f"{len(_BASES)} composition(s)", flush=True)
         if workers == 1:
             results = map(_run, jobs)
-        else:
+        else:  # each run's line as it finishes
             pool = mp.get_context("fork").Pool(workers)
-            results = pool.imap(_run, jobs, chunksize=self.chunksize)
+            results = pool.imap_unordered(_run, jobs, chunksize=self.chunksize)
         done: List[JobReturn] = []
+        kinds, sweep_dirs = [], set()
         try:
-            for idx, folder, line in results:
-                print(f"#{idx} {folder}: {line}", flush=True)
+            for idx, folder, sweep_dir, kind, line, notes in results:
+                say_run(idx, folder, line, notes)
+                kinds.append(kind)
+                sweep_dirs.add(sweep_dir)
                 ret = JobReturn(overrides=by_index[idx], cfg=None, hydra_cfg=None,
                                 working_dir=os.getcwd(), task_name="kvstudy", status=JobStatus.COMPLETED,
                                 _return_value=line)
-                done.append(ret)
+                done.append((idx, ret))
         finally:
             if workers > 1:
                 pool.terminate()
                 pool.join()
+        print(summary_line(kinds, time.monotonic() - start, sweep_dirs), flush=True)
         sys.stdout.flush()
-        return done
+        return [ret for _, ret in sorted(done, key=lambda pair: pair[0])]
 
 
 class LightSweeper(BasicSweeper):
@@ -235,7 +327,7 @@ class LightSweeper(BasicSweeper):
     not apply fails its own run in the launcher. The compositions are kept for the launcher."""
 
     def sweep(self, arguments: List[str]):
-        # a policy key given on the command line (``++policy.K=V``, kvstudy/cli_overrides.py) replaces the same key
+        # a policy key given on the command line (``++policy.K=V``, kvstudy/config/cli_overrides.py) replaces the same key
         # in the experiment's sweep, as any command-line key replaces a sweep parameter in Hydra
         self._command_line_keys = {a.split("=", 1)[0].lstrip("+") for a in arguments if a.startswith("++policy.")}
         return super().sweep(arguments)

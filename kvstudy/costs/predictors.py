@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kvstudy.config.validate import check_group
 from kvstudy.errors import ConfigError, DataError
 from kvstudy.workloads.requests import Requests
 
@@ -21,8 +22,7 @@ def oracle(requests: Requests, rng: np.random.Generator) -> np.ndarray:
 
 
 def uniform_noise(requests: Requests, rng: np.random.Generator, epsilon: float = 0.2) -> np.ndarray:
-    if not 0 <= epsilon < 1:
-        raise ConfigError(f"predictor.epsilon={epsilon}: allowed 0 <= epsilon < 1")
+    check_group("predictor", {"kind": "uniform_noise", "epsilon": epsilon})  # its bounds: kvstudy/config/schema.py
     o = requests.output_tokens.astype(float)
     return np.maximum(1, np.rint(rng.uniform((1 - epsilon) * o, (1 + epsilon) * o))).astype(np.int64)
 
@@ -36,10 +36,8 @@ def from_trace(requests: Requests, rng: np.random.Generator) -> np.ndarray:
 
 def gaussian_noise(requests: Requests, rng: np.random.Generator, sigma: float = 0.0, low: int = 1,
                    high: int = 1024) -> np.ndarray:
-    if isinstance(sigma, bool) or not isinstance(sigma, (int, float)) or not sigma >= 0:
-        raise ConfigError(f"predictor.sigma={sigma!r}: must be a number >= 0 (tokens)")
-    if not isinstance(low, int) or not isinstance(high, int) or not 1 <= low <= high:
-        raise ConfigError(f"predictor.low={low!r}, predictor.high={high!r}: integers with 1 <= low <= high")
+    # each value against kvstudy/config/schema.py, then low <= high (validate._check_together)
+    check_group("predictor", {"kind": "gaussian_noise", "sigma": sigma, "low": low, "high": high})
     o = requests.output_tokens.astype(float)
     noisy = np.rint(o + rng.normal(0.0, float(sigma), len(o))) if sigma > 0 else o
     return np.clip(noisy, low, high).astype(np.int64)
@@ -68,16 +66,12 @@ def lognormal_noise(requests: Requests, rng: np.random.Generator, sigma="auto", 
     is a deterministic bisection on sigma."""
     o = requests.output_tokens.astype(float)
     z = rng.standard_normal(len(o))
+    # against kvstudy/config/schema.py; target and accuracy are read (and checked) only when sigma is calibrated
+    check_group("predictor", {"kind": "lognormal_noise", "sigma": sigma,
+                              **({"target": target, "accuracy": accuracy} if sigma == "auto" else {})})
     if sigma != "auto":
-        if isinstance(sigma, bool) or not isinstance(sigma, (int, float)) or sigma < 0:
-            raise ConfigError(f"predictor.sigma={sigma!r}: allowed auto or a number >= 0")
         return _lognormal_draw(o, float(sigma), z)
-    measures = {"bucket50": bucket_accuracy, "within100": within_accuracy}
-    if target not in measures:
-        raise ConfigError(f"predictor.target={target!r}: allowed {', '.join(measures)}")
-    if not 0 < accuracy < 1:
-        raise ConfigError(f"predictor.accuracy={accuracy!r}: allowed 0 < accuracy < 1")
-    measure = measures[target]
+    measure = {"bucket50": bucket_accuracy, "within100": within_accuracy}[target]
     lo, hi = 0.0, 4.0
     for _ in range(40):  # accuracy falls as sigma grows
         mid = (lo + hi) / 2

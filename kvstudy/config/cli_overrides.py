@@ -3,7 +3,7 @@ keys on a sweep that chooses the policy.
 
 A sweep over policies (``-m +policy=rr,rr_sjf``, ``+algo=a,b``, or an experiment whose sweep lists either) has no policy when
 Hydra composes its primary config, so a ``policy.K=V`` there fails with "Key 'policy' is not in struct". Such a key
-is passed on as ``++policy.K=V``; kvstudy's launcher (kvstudy/sweep_launcher.py) sets it in the runs whose policy
+is passed on as ``++policy.K=V``; kvstudy's launcher (kvstudy/running/sweep_launcher.py) sets it in the runs whose policy
 has the key and names, once, the policies that have no such setting (they run without it, and their folders are
 named without it, so runs that would be the same run once). Other launchers
 (``hydra/launcher=joblib``) fail those runs alone with "not a setting of policy ...".
@@ -16,8 +16,8 @@ from typing import List
 from omegaconf import OmegaConf
 
 from kvstudy.errors import ConfigError
-from kvstudy.paths import CONF_DIR
-from kvstudy.validate import search_dirs
+from kvstudy.running.paths import CONF_DIR
+from kvstudy.config.validate import search_dirs, split_command_line
 
 
 #: groups whose option chooses the policy: ``policy`` itself, and ``algo`` (Table 1's algorithms, each a policy)
@@ -56,9 +56,11 @@ def _check_folders(argv: List[str]) -> None:
 
 
 def command_line(argv: List[str]) -> List[str]:
-    """``argv`` as Hydra should see it (module docstring)."""
-    argv = list(argv)
+    """``argv`` as Hydra should see it (module docstring): the overrides first, then Hydra's flags as its own parser
+    read them (``--cfg job +policy=mcsf`` is ``+policy=mcsf --cfg=job``: argparse takes overrides after a flag's
+    value only if no override came before it, kvstudy/config/validate.py ``split_command_line``)."""
+    argv, flags, _ = split_command_line(argv)
     _check_folders(argv)
-    if not policy_is_swept(argv):
-        return argv
-    return [f"++{arg}" if arg.startswith("policy.") and "=" in arg else arg for arg in argv]
+    if policy_is_swept(argv):
+        argv = [f"++{arg}" if arg.startswith("policy.") and "=" in arg else arg for arg in argv]
+    return argv + flags

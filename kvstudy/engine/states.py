@@ -1,4 +1,4 @@
-"""What the one loop (kvstudy/step_engine.py) shares with the code around it: request states, the result of a run,
+"""What the one loop (kvstudy/engine/loop.py) shares with the code around it: request states, the result of a run,
 the error a policy's bad decision raises, the status message of an interrupted run."""
 from __future__ import annotations
 
@@ -35,5 +35,5 @@ class EngineResult:
     clearing_events: int
     capacity: int
     extra: dict = field(default_factory=dict)
-    events: Optional[pd.DataFrame] = None   # record.events=true: kvstudy/events.py
+    events: Optional[pd.DataFrame] = None   # record.events=true: kvstudy/engine/events.py
     batches: Optional[pd.DataFrame] = None

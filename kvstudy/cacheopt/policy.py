@@ -3,7 +3,7 @@
 One round per iteration (B9, assembling Sec. 3.3-3.5):
 
 1. **Estimate** (Sec. 3.2, eqs. 1-4; ``padding``): on arrival, s_o = X^ +/- t with t = k(c) (b - a) for the
-   request's 50-token bin of X^ and its direction (kvstudy/padding.py); c fixed (0.9) or eq. (4) from the arrival
+   request's 50-token bin of X^ and its direction (kvstudy/cacheopt/padding.py); c fixed (0.9) or eq. (4) from the arrival
    rate measured over ``rate_window`` seconds. ``padding=fixed`` is the /CKA ablation (s_o = 1.1 X^).
    M_i = s_p + s_o, at most the context.
 2. **Slack** (Table 2, step 1): RT = SLO_tft - (now - arrival) for a request that has not produced a token, else
@@ -32,7 +32,7 @@ One round per iteration (B9, assembling Sec. 3.3-3.5):
    (loosest TBT SLO, most remaining work, least KV) or FCFS (the latest admitted first, /PP). A host whose growth
    reaches its guest's region and finds no free block preempts the guest (the conflict rule).
    **Strategy** (Sec. 3.5, ``strategy``): ``select`` swaps a victim whose context exceeds the sweet spot of the
-   fitted regressors (kvstudy/preemption_cost.py), or with no crossing the cheaper one at its length; ``recompute``
+   fitted regressors (kvstudy/costs/preemption_cost.py), or with no crossing the cheaper one at its length; ``recompute``
    always recomputes (/PSS); a request in prefill is always recomputed.
 6. **Batch**: every running request past its prefill decodes (one token of the budget each) unless it stalls;
    unfinished chunked prefills continue; then admissions with chunks, critical first; all under ``token_budget``
@@ -46,7 +46,7 @@ One round per iteration (B9, assembling Sec. 3.3-3.5):
 draws from free KV and the reserve when it runs out). Not modelled: the SLO-checked additions of case Sum M < A'
 beyond the token budget (B8.14: the budget caps them).
 
-The run supplies, through :meth:`before_run` and :meth:`prepare` (kvstudy/cacheopt/setup.py): per-request SLOs (kvstudy/slo.py), the
+The run supplies, through :meth:`before_run` and :meth:`prepare` (kvstudy/cacheopt/setup.py): per-request SLOs (kvstudy/cacheopt/slo.py), the
 error ranges (b - a) from a calibration split, and the fitted swap/recompute costs.
 """
 from __future__ import annotations
@@ -58,14 +58,11 @@ from typing import Dict, List, Optional
 from kvstudy.cacheopt.allocation import allocate
 from kvstudy.cacheopt.preemption import choose_mode, victim_order
 from kvstudy.cacheopt.queue import DeadlineQueue
-from kvstudy.states import DONE, ELSEWHERE, RUNNING, SWAPPED, WAITING
+from kvstudy.engine.states import DONE, ELSEWHERE, RUNNING, SWAPPED, WAITING
+from kvstudy.config.validate import check_group
 from kvstudy.errors import ConfigError
-from kvstudy.padding import adaptive_confidence, padded_output
+from kvstudy.cacheopt.padding import adaptive_confidence, padded_output
 from kvstudy.policies.step import RECOMPUTE, SWAP, Decision, StepPolicy, StepView
-
-_CHOICES = {"padding": ("confidence", "fixed", "rlp"), "selection": ("slo", "fcfs"),
-            "preemption": ("bucketed", "fcfs"), "strategy": ("select", "recompute", "swap"),
-            "allocation": ("rationale", "literal"), "critical_waiting": ("first_token", "any")}
 
 
 class CacheOPT(StepPolicy):
@@ -80,25 +77,15 @@ class CacheOPT(StepPolicy):
                  preempt_for_waiting: bool = True, critical_waiting: str = "first_token", link: bool = True,
                  direction_accuracy: float = 0.85, calibration_requests: int = 6000, slo: Optional[dict] = None,
                  name: str = "cacheopt") -> None:
-        for key, allowed in _CHOICES.items():
-            value = locals()[key]
-            if value not in allowed:
-                raise ConfigError(f"policy.{key}={value!r}: allowed {', '.join(allowed)}")
-        for key, value in (("token_budget", token_budget), ("max_num_seqs", max_num_seqs)):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ConfigError(f"policy.{key}={value!r}: a positive whole number")
-        for key, value in (("buffer", buffer), ("m", m), ("reserve_blocks", reserve_blocks),
-                           ("rlp_padding", rlp_padding), ("calibration_requests", calibration_requests)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ConfigError(f"policy.{key}={value!r}: a whole number >= 0")
-        if not 0 <= confidence < 1:
-            raise ConfigError(f"policy.confidence={confidence!r}: allowed 0 <= c < 1 (the paper's default 0.9)")
-        if adaptive:
-            adaptive_confidence(alpha, beta, 0.0)  # checks alpha and beta
-        if not 0 <= direction_accuracy <= 1:
-            raise ConfigError(f"policy.direction_accuracy={direction_accuracy!r}: allowed 0..1 (spec B8.4: 0.85)")
-        if not fixed_fraction >= 0 or not rate_window > 0 or not epsilon >= 0:
-            raise ConfigError("policy.fixed_fraction, policy.epsilon must be >= 0 and policy.rate_window > 0")
+        # every value against its declaration in kvstudy/config/schema.py; alpha and beta (eq. 4) only when adaptive
+        check_group("policy", {
+            "_target_": "kvstudy.cacheopt.policy.CacheOPT", "padding": padding, "selection": selection,
+            "preemption": preemption, "strategy": strategy, "allocation": allocation,
+            "critical_waiting": critical_waiting, "token_budget": token_budget, "max_num_seqs": max_num_seqs,
+            "buffer": buffer, "m": m, "reserve_blocks": reserve_blocks, "rlp_padding": rlp_padding,
+            "calibration_requests": calibration_requests, "confidence": confidence,
+            **({"alpha": alpha, "beta": beta} if adaptive else {}), "direction_accuracy": direction_accuracy,
+            "fixed_fraction": fixed_fraction, "rate_window": rate_window, "epsilon": epsilon})
         self.token_budget, self.padding, self.confidence, self.adaptive = token_budget, padding, confidence, adaptive
         self.alpha, self.beta, self.rate_window, self.subtract_over = alpha, beta, float(rate_window), subtract_over
         self.fixed_fraction, self.rlp_padding, self.selection, self.embedding = fixed_fraction, rlp_padding, selection, embedding
@@ -123,7 +110,7 @@ class CacheOPT(StepPolicy):
         self.cost = cost
 
     def before_run(self, ctx) -> dict:
-        """The run's preparation hook (kvstudy/run_context.py): SLOs, error ranges and costs computed from the run's
+        """The run's preparation hook (kvstudy/running/run_context.py): SLOs, error ranges and costs computed from the run's
         context (kvstudy/cacheopt/setup.py), then :meth:`prepare`; the engine receives the direction classifier."""
         from kvstudy.cacheopt.setup import prepare
 

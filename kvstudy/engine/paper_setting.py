@@ -1,5 +1,5 @@
 """The MC-SF paper's setting on the one loop: ``Engine(requests, predicted, policy, latency, capacity)`` is
-:class:`~kvstudy.step_engine.StepEngine` on :class:`~kvstudy.memory.paper.PaperMemory` with an admission-only
+:class:`~kvstudy.engine.loop.StepEngine` on :class:`~kvstudy.memory.paper.PaperMemory` with an admission-only
 policy (kvstudy/policies/admission.py adapts it), the loop the MC-SF studies, the optimum study and the tests call
 by this name. Before issue 34 this module held a second loop of its own; its results are unchanged (docs/engine.md).
 
@@ -51,9 +51,10 @@ from __future__ import annotations
 import numpy as np
 
 from kvstudy.memory.paper import PaperMemory
-from kvstudy.states import (DONE, FUTURE, REJECTED, RUNNING, SWAPPED, WAITING, EngineResult,  # noqa: F401
+from kvstudy.engine.states import (DONE, FUTURE, REJECTED, RUNNING, SWAPPED, WAITING, EngineResult,  # noqa: F401
                             PolicyError, interrupted_message)
-from kvstudy.step_engine import StepEngine
+from kvstudy.engine.assembly import build_engine
+from kvstudy.engine.loop import StepEngine
 
 
 class _NoSwap:
@@ -74,8 +75,9 @@ def Engine(requests, predicted: np.ndarray, policy, latency, capacity: int, stal
            max_iterations: int = 50_000_000, progress: bool = False, overflow_cost: str = "batch",
            raise_prediction_on_eviction: bool = False, arrivals: str = "paper", max_batch=None,
            arch=None, hardware=None) -> StepEngine:
-    """The one loop on the paper's memory of ``capacity`` tokens (the policy is reset by the caller)."""
-    return StepEngine(requests, predicted, policy, latency, PaperMemory(capacity), _NoSwap(), arch, hardware,
-                      stall_limit=stall_limit, max_iterations=max_iterations, progress=progress,
-                      overflow_cost=overflow_cost, raise_prediction_on_eviction=raise_prediction_on_eviction,
-                      arrivals=arrivals, max_batch=max_batch)
+    """The one loop on the paper's memory of ``capacity`` tokens, the admission policy adapted (the policy is reset
+    by the caller)."""
+    return build_engine(requests, predicted, policy, latency, PaperMemory(capacity), _NoSwap(), arch, hardware,
+                        stall_limit=stall_limit, max_iterations=max_iterations, progress=progress,
+                        overflow_cost=overflow_cost, raise_prediction_on_eviction=raise_prediction_on_eviction,
+                        arrivals=arrivals, max_batch=max_batch)

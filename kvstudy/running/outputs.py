@@ -1,19 +1,26 @@
-"""Run outputs: summary statistics and atomic writes.
+"""Run outputs: summary statistics and the writing of a run's files.
 
-A run folder is complete when ``summary.json`` exists: it is written last, and every file is
-written to a temporary name and renamed, so a killed run never leaves a file that looks finished.
+A run folder is complete when ``summary.json`` exists (and its status is not ``interrupted``). ``write_run`` writes
+every file of a run into a hidden staging folder inside the run folder first, then moves them into place by renames,
+taking an earlier run's ``summary.json`` away before the first move and putting the new one in last: at no moment
+does the folder hold a finished run made of two runs' files, and a run that fails while writing leaves the earlier
+run's files as they were.
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import shutil
+import signal
+import tempfile
 from pathlib import Path
 from typing import Optional
 
 import numpy as np
 import pandas as pd
 
-from kvstudy.atomic import write_atomic, write_text_atomic
-from kvstudy.states import EngineResult
+from kvstudy.engine.states import EngineResult
 
 
 def _stats(values: pd.Series) -> dict:
@@ -80,15 +87,57 @@ def _preemption_summary(req: pd.DataFrame, it: pd.DataFrame) -> dict:
             "peak_blocks_used": int(it["blocks_used"].max()) if len(it) else 0}
 
 
-def write_run(folder: Path, result: EngineResult, summary: dict) -> None:
+#: the staging folder's prefix: inside the run folder, its files named ``*.part`` (no reader looks for those)
+STAGING_PREFIX = ".incoming-"
+
+
+@contextlib.contextmanager
+def _signals_held():
+    """Ctrl-C and SIGTERM held back while one run's files replace another's (a few renames); delivered after."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def write_run(folder: Path, result: EngineResult, summary: dict, config_text: Optional[str] = None) -> None:
+    """Write a run's tables, ``summary.json`` and (``config_text``) ``resolved_config.yaml`` into ``folder``,
+    replacing an earlier run's only once every file is written (module docstring)."""
     folder = Path(folder)
-    write_atomic(folder / "requests.parquet", lambda p: result.requests.to_parquet(p, index=False))
-    write_atomic(folder / "iterations.parquet", lambda p: result.iterations.to_parquet(p, index=False))
-    for name in ("events", "batches"):  # record.events=true (kvstudy/events.py)
-        table = getattr(result, name, None)
-        if table is not None:
-            write_atomic(folder / f"{name}.parquet", lambda p, t=table: t.to_parquet(p, index=False))
-    write_text_atomic(folder / "summary.json", json.dumps(summary, indent=1, default=str) + "\n")
+    folder.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=folder, prefix=STAGING_PREFIX))
+    try:
+        staged = {}
+
+        def stage(name: str, write) -> None:
+            path = staging / f"{name}.part"
+            write(path)
+            staged[name] = path
+
+        if config_text is not None:
+            stage("resolved_config.yaml", lambda p: p.write_text(config_text))
+        stage("requests.parquet", lambda p: result.requests.to_parquet(p, index=False))
+        stage("iterations.parquet", lambda p: result.iterations.to_parquet(p, index=False))
+        for name in ("events", "batches"):  # record.events=true (kvstudy/engine/events.py)
+            table = getattr(result, name, None)
+            if table is not None:
+                stage(f"{name}.parquet", lambda p, t=table: t.to_parquet(p, index=False))
+        stage("summary.json", lambda p: p.write_text(json.dumps(summary, indent=1, default=str) + "\n"))
+        with _signals_held():  # every file is written: the earlier run's are replaced by renames only
+            (folder / "summary.json").unlink(missing_ok=True)  # from here until the end: no finished run
+            for name in ("events.parquet", "batches.parquet"):  # a re-run without record.events leaves no stale tables
+                if name not in staged:
+                    (folder / name).unlink(missing_ok=True)
+            for name, path in staged.items():
+                if name != "summary.json":
+                    os.replace(path, folder / name)
+            os.replace(staged["summary.json"], folder / "summary.json")
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def finished_summary(folder: Path) -> Optional[dict]:

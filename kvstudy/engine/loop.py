@@ -1,0 +1,651 @@
+"""kvstudy's one iteration loop (issue 34): arrivals, the iteration, its time, token stamps and the run's records,
+for every policy on every memory model it can run on. The engine owns time and KV accounting; the policy decides.
+
+Pieces the loop calls (each with one job; docs/architecture.md is the reading guide):
+
+* the run's state (state.py): every request's fields and the queues, one object;
+* the memory model (``memory`` group; its interface is kvstudy/memory/base.py): the MC-SF paper's constraint (3) or
+  vLLM's paged blocks. It fixes the token convention (``memory.convention``): ``paper``, o decode rounds after the
+  prompt's round and an eviction restarts the request; ``vllm``, o tokens with the first from the prefill and a
+  recompute keeps them;
+* the policy: a step policy (kvstudy/policies/step.py: ``step(view) -> Decision``); an admission-only one
+  (``order`` + ``admit``) arrives wrapped in the adapter (kvstudy/policies/admission.py) by assembly.py;
+* the decision check (check.py) and the state transitions (transitions.py);
+* the latency model: the iteration's seconds for its exact batch; the swap model: seconds of KV copies;
+* the decode clock (decode_clock.py): the requests decoding every iteration, counted in O(1);
+* the records (records.py): the iteration rows and the tables, in the memory model's convention.
+
+One iteration, in phases (``StepEngine.loop``):
+
+1. **arrivals**: requests that have arrived by the clock join the waiting queue (``arrivals=authors_code``: the MC-SF
+   authors' event order on ties, memory=paper only). Idle, the clock jumps to the next arrival.
+2. **clear** (a policy with an ``overflow_victims`` hook, i.e. an adapted admission policy): when the running
+   requests' need for this iteration exceeds the memory, the policy names victims, the engine evicts them by
+   recompute and records a clearing event at ``overflow_cost`` (kvstudy/engine/paper_setting.py: the paper's
+   conventions).
+3. **decide** and **check**: the policy returns a :class:`~kvstudy.policies.step.Decision`; check.py validates all of it
+   before anything changes (on paged memory: blocks after the decision within capacity).
+4. **apply**: in the order preempt, swap in, lend, prefill, decode, reserve: a recompute victim drops its KV and goes
+   to the front of the waiting queue (vLLM's ``extendleft``), a swap victim's blocks move to host space (or, when that
+   is full, it is recomputed instead and ``swap_fallbacks`` counts it).
+5. **time**: the latency model's prediction for that exact batch (each prefill chunk with the context before it,
+   each decode with its cached context; a recompute is a prefill of prompt + generated tokens) plus the swap model's
+   seconds for the blocks moved (or the longer of the two when ``swap.overlap``).
+6. **stamp**: tokens are stamped with the iteration's end (with its start under ``latency=unit`` on the paper's
+   memory: the round's index). A prefill's last chunk produces a request's next token; a decode produces one.
+7. **record**: the iteration's row (records.py), then the requests that produced their last token finish.
+
+The most common iteration (every running request decodes, nothing else happens) runs as one function of the same
+phases (``_decode_only``), with the general path's helpers.
+
+Rejected up front, each with ``reject_reason``: a request the memory model can never serve (``memory.rejection``);
+on paged memory also, when preempted, a request whose recompute (prompt + generated tokens) can_allocate calls
+NEVER (vLLM ignores such a prompt). ``stall_limit`` iterations in a row without a token (a chunk that takes a prefill
+further than it ever got counts as progress), or clearing events in a row without a completed request, end the run
+``no_progress``; a policy that runs nothing on an idle engine with nothing left to arrive ends ``stalled``.
+"""
+from __future__ import annotations
+
+import math
+from time import perf_counter
+
+import numpy as np
+
+from kvstudy.engine import records
+from kvstudy.engine.check import check_decision, located
+from kvstudy.engine.events import EventLog
+from kvstudy.engine.state import RunState
+from kvstudy.engine.states import DONE, FUTURE, REJECTED, RUNNING, WAITING, EngineResult, PolicyError, interrupted_message
+from kvstudy.engine.transitions import finish, preempt, start_prefill, swap_in, token
+from kvstudy.errors import KvStudyError
+from kvstudy.costs.swap_models import SwapModel, kv_bytes_per_gpu
+from kvstudy.latency.models import VidurLatency
+from kvstudy.policies.admission import Admission
+from kvstudy.policies.step import RECOMPUTE, Decision, StepPolicy, StepView
+from kvstudy.workloads.requests import Requests
+
+NO_CHUNKS: tuple = ()  # a decode-only iteration's prefill chunks
+IDLE = math.inf  # what the loop yields in a cluster when it waits for a request to be routed to it
+
+
+class StepEngine:
+    """The one loop (module docstring). ``memory`` fixes the KV accounting and the token convention
+    (kvstudy/memory/base.py). ``arrivals`` and ``overflow_cost=authors_code`` reproduce the MC-SF authors' loop
+    (memory=paper only). Build one through assembly.py's ``build_engine``, which checks the settings together and
+    wraps an admission-only policy; this constructor only composes."""
+
+    def __init__(self, requests: Requests, predicted: np.ndarray, policy: StepPolicy, latency,
+                 memory, swap: SwapModel, arch, hardware, stall_limit: int = 100,
+                 max_iterations: int = 50_000_000, progress: bool = False, direction=None,
+                 overflow_cost: str = "batch", arrivals: str = "paper", record_events: bool = False) -> None:
+        if not callable(getattr(policy, "step", None)):
+            raise PolicyError(f"policy '{getattr(policy, 'name', type(policy).__name__)}' is no step policy: build "
+                              f"the engine with kvstudy.engine.assembly.build_engine, which adapts an admission policy")
+        self.requests, self.policy, self.latency, self.memory, self.swap = requests, policy, latency, memory, swap
+        self.predicted = predicted
+        self.overflow_cost, self.arrivals = overflow_cost, arrivals
+        #: an admission-only policy through the adapter: no vLLM watermark rule, its own queue orders
+        self.adapted = isinstance(policy, Admission)
+        self.direction = None if direction is None else np.asarray(direction, dtype=np.int8).tolist()
+        self.arch, self.hw = arch, hardware
+        self.max_model_len = int(arch.max_model_len) if arch is not None else 0  # none: the paper's memory alone
+        self.stall_limit, self.max_iterations, self.progress = stall_limit, max_iterations, progress
+        self.record_events = bool(record_events)  # record.events: kvstudy/engine/events.py (None when off)
+        self.events = None
+        self.state: RunState = None  # built by each run (``loop``)
+        #: the paper's convention: o decode rounds after the prompt's round (o + 1 tokens), an eviction restarts the
+        #: request; under latency=unit a round's tokens are stamped with its start (the round's index)
+        self.paper = memory.convention == "paper"
+        self.at_start = self.paper and bool(getattr(latency, "stamps_at_start", False))
+        self.needs_generated = bool(getattr(latency, "needs_generated", False))
+        self.seconds = self._timer(latency, self.needs_generated)
+        self.overlap = bool(swap.overlap)  # copies overlap compute: an iteration takes the longer of the two
+        self.blocks_out = self.blocks_in = 0  # blocks swapped out / in by the iteration under way
+        self.policy_seconds = 0.0  # wall time inside the policy (CacheOPT's Sec. 5.3 scheduling overhead)
+        self.block_bytes_all = 0
+
+    @staticmethod
+    def _timer(latency, needs_generated: bool):
+        """``seconds(chunks, decodes, their cached context, their produced tokens)``: the latency model's time of one
+        iteration (the produced tokens only for a model that reads them: the MC-SF authors' formula)."""
+        call = latency.tables.iteration_seconds if type(latency) is VidurLatency else latency.iteration_seconds
+        if needs_generated:
+            return lambda chunks, n, ctx, gen: float(call(chunks, n, ctx, decode_generated_sum=gen))
+        return lambda chunks, n, ctx, gen: float(call(chunks, n, ctx))
+
+    # --- set-up -------------------------------------------------------------------------------------------------
+    def _begin(self) -> None:
+        """A run starts: the memory bound to the model, the run's state built, requests that can never be served
+        rejected."""
+        mem, r = self.memory, self.requests
+        if self.arch is not None:  # host space and copy sizes (the paper's memory needs neither)
+            mem.bind(kv_bytes_per_gpu(self.arch, self.hw))
+            self.swap.bind(self.arch, self.hw, mem.block_size)
+            self.block_bytes_all = mem.block_size * self.arch.kv_bytes_per_token(1)
+        elif mem.tracks_blocks:
+            raise KvStudyError(f"memory={mem.name} needs the model and hardware (host space, copy sizes)")
+        if mem.prefix_caching:
+            mem.set_segments(r.segments)
+        self.state = st = RunState(r, self.predicted, self.paper, mem.block_size if mem.tracks_blocks else 0,
+                                   mem.gpu, own_queue_orders=self.adapted)
+        self.rows = records.row_log(mem)
+        if self.adapted:
+            self.policy.forget()  # a second run of this engine starts from nothing, as the first
+        self.events = ev = EventLog() if self.record_events else None
+        s, out, watermark = st.prompt, r.output_tokens.tolist(), not self.adapted
+        for i in range(st.n):
+            why = mem.rejection(s[i], out[i], watermark=watermark)
+            if why:
+                st.request_state[i], st.reject_reason[i] = REJECTED, why
+                if ev is not None:
+                    ev.add(st.arrival[i], i, "reject", step=-1)
+
+    def run(self) -> EngineResult:
+        """Run every request to its end (or the run's stop) and return the run's records."""
+        loop = self.loop(cluster=False)
+        try:
+            next(loop)  # alone on its clock the loop never pauses: it returns at once
+        except StopIteration as stop:
+            return stop.value
+        raise KvStudyError("the engine paused outside a cluster")  # a bug: never reached
+
+    # --- the loop ------------------------------------------------------------------------------------------------
+    def loop(self, cluster: bool = True):
+        """The loop as a generator, its phases numbered as in the module docstring; returns the run's records
+        (``StopIteration.value``). Alone (``run``) it never pauses. In a cluster (kvstudy/cluster/driver.py) it yields
+        its clock before a decision at or past its *horizon* (the next arrival, routed first) and is sent the next
+        one; idle, it yields ``IDLE`` and is sent the next arrival routed to it (None: none will come)."""
+        self._begin()
+        self.policy_seconds = 0.0
+        st, mem, clock, policy = self.state, self.memory, self.state.clock, self.policy
+        n, arrival, waiting, running, swapped, growing = st.n, st.arrival, st.waiting, st.running, st.swapped, st.growing
+        name = getattr(policy, "name", type(policy).__name__)
+        view = StepView(self, 0, 0.0)  # its containers are the engine's own: one view serves every step
+        overflow = getattr(policy, "overflow_victims", None)  # the engine detects overflow for this policy
+        # the adapter on the paper's memory holds just the positions it validated and has no capacity to check
+        # (constraint (3): admissions are not charged; an overflow is caught at the next round): not checked here
+        check, tracks, num_blocks = not (self.paper and self.adapted), mem.tracks_blocks, mem.num_blocks
+        self.idled = False  # authors_code: the last step was an idle second, whose end arrivals join at (inclusive)
+        next_time = arrival[0] if n else math.inf
+        t, step, no_token, since_completion, clearing, policy_s = 0.0, 0, 0, 0, 0, 0.0
+        status, message, horizon, bar = "completed", "", -math.inf, self._progress_bar(name)
+        try:
+            while True:
+                if cluster and t >= horizon:  # the driver routes the requests arriving by t before this one decides
+                    horizon = yield t
+                if t >= next_time:  # 1. arrivals
+                    next_time = self._arrive(t)
+                if self.idled:  # authors_code: consumed by the pass after the idle second
+                    self.idled = False
+                if not waiting and not running and not swapped:
+                    woke = (yield IDLE) if cluster else self._wake()
+                    if woke is None:
+                        break
+                    t, horizon = self._round_up(woke), -math.inf  # woken: others arriving then are routed first
+                    next_time = self._next_arrival_time()
+                    continue
+                if step >= self.max_iterations:
+                    status, message = "max_iterations", f"stopped after {step} iterations (engine.max_iterations)"
+                    break
+                if growing:
+                    growing.clear()
+                if clock.grow_at.get(clock.ticks):
+                    growing.update(clock.growing())
+                view.step, view.time, view.num_arrived = step, t, st.next_arrival
+                if self.events is not None:
+                    self.events.step = step
+                if overflow is not None and mem.overflows(st.decode_context_tokens + len(running), len(growing)):
+                    t += self._clear(overflow, view, t, step, name)  # 2. clear
+                    step, clearing, since_completion = step + 1, clearing + 1, since_completion + 1
+                    if since_completion >= self.stall_limit:
+                        status, message = "no_progress", self._overflowing_message(since_completion)
+                        break
+                    continue
+                t0 = perf_counter()
+                try:  # 3. decide and check (a refused decision names where the run was)
+                    d = policy.step(view)
+                    policy_s += perf_counter() - t0
+                    decode_only = d.__class__ is Decision and d.decode_all and not (
+                        d.preempt or d.swap_in or d.prefill or d.decode or d.reserve or d.lend)
+                    if check and not (decode_only and (not tracks or mem.used + len(growing) <= num_blocks)):
+                        check_decision(self, d, name)
+                except PolicyError as exc:
+                    raise located(self, exc, step, t) from None
+                if decode_only and not (st.prefilling or st.reserved) and running:
+                    dt, stamp, finished, kv = self._decode_only(t)  # 4-7 for the most common iteration
+                    produced = True
+                else:
+                    batch = self._apply(d, t)  # 4. apply
+                    if not batch.chunks and not batch.decodes:  # nothing computes: copies take their time, or idle
+                        t += batch.swap_seconds
+                        if not (d.preempt or d.swap_in or running or swapped):
+                            woke = (yield IDLE) if cluster else self._wake()
+                            if woke is not None:  # idle: nothing runs until the next arrival
+                                t, horizon = max(t, self._round_up(woke)), -math.inf
+                                next_time = self._next_arrival_time()
+                                continue
+                            if overflow is not None:  # an admission policy that admits nothing now never will
+                                status, message = "stalled", self._admits_none_message(name)
+                                break
+                        no_token += 1
+                        if no_token >= self.stall_limit:
+                            status, message = self._ran_nothing(no_token, name)
+                            break
+                        continue
+                    dt = self._time(d, batch)  # 5. time
+                    stamp, finished, produced, kv = self._stamp_and_record(d, batch, t, dt, step)  # 6, 7
+                if finished:
+                    if cluster:
+                        st.inflight = (t + dt, st.outstanding(), mem.used if tracks else kv)
+                    since_completion = 0
+                    finish(self, finished, stamp, step)
+                    if bar is not None:
+                        bar.update(len(finished))  # tqdm redraws at most every mininterval
+                no_token = 0 if produced else no_token + 1
+                t += dt
+                view.last_iteration_seconds = dt
+                step += 1
+                if no_token >= self.stall_limit:
+                    status, message = "no_progress", self._no_token_message(no_token, name)
+                    break
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM turned into it by the run's handler: keep what is done
+            status, message = "interrupted", interrupted_message(step)
+        finally:
+            self.policy_seconds += policy_s  # the steps' (the clearing events' are added as they happen)
+            if bar is not None:  # cleared before anything is printed: an error never lands on the bar's line
+                bar.close()
+        return self._end(status, message, clearing, cluster)
+
+    # --- 1. arrivals ---------------------------------------------------------------------------------------------
+    def _arrive(self, t: float) -> float:
+        """Requests that have arrived by ``t`` join the waiting queue; returns the next arrival's time (inf: none).
+        ``arrivals=paper``: every one arrived by the clock; ``authors_code`` (the MC-SF authors' event order,
+        memory=paper): an arrival at the instant a batch ends joins after the next batch is formed, unless the last
+        step was an idle second (``idled``)."""
+        st = self.state
+        a, n, state, waiting, nxt = st.arrival, st.n, st.request_state, st.waiting, st.next_arrival
+        inclusive = self.arrivals != "authors_code" or self.idled
+        while nxt < n and (a[nxt] <= t if inclusive else a[nxt] < t):
+            if state[nxt] == FUTURE:
+                state[nxt] = WAITING
+                waiting.append(nxt)
+            nxt += 1
+        st.next_arrival = nxt
+        return a[nxt] if nxt < n else math.inf
+
+    def _next_arrival_time(self) -> float:
+        st = self.state
+        return st.arrival[st.next_arrival] if st.next_arrival < st.n else math.inf
+
+    def _wake(self):
+        """Alone on its clock and idle: the next arrival, which the engine jumps to (None: nothing left to arrive;
+        the caller rounds it up to a whole round under latency=unit on the paper's memory). Under
+        ``arrivals=authors_code`` that request joins the queue at once, alone (later ones at that instant wait for its
+        batch)."""
+        st = self.state
+        n, state, nxt = st.n, st.request_state, st.next_arrival
+        if self.arrivals != "authors_code":
+            return st.arrival[nxt] if nxt < n else None
+        while nxt < n and state[nxt] != FUTURE:  # rejected requests never arrive
+            nxt += 1
+        if nxt >= n:
+            st.next_arrival = nxt
+            return None
+        state[nxt] = WAITING
+        st.waiting.append(nxt)
+        st.next_arrival = nxt + 1
+        return st.arrival[nxt]
+
+    def _round_up(self, woke: float) -> float:
+        """The clock an idle engine jumps to: the arrival, a whole round under latency=unit on the paper's memory."""
+        return float(math.ceil(woke)) if self.at_start else woke
+
+    # --- 2. clear ------------------------------------------------------------------------------------------------
+    def _clear(self, overflow, view: StepView, t: float, step: int, name: str) -> float:
+        """A clearing event (the running requests' need for this iteration exceeds the memory): recompute the policy's
+        victims (on the paper's memory: restart them), record the event as an ``overflow`` iteration and return its
+        cost in seconds (``overflow_cost``: ``batch``, the latency of the batch that overflowed, which produces no
+        token; ``free``, nothing; ``authors_code``, nothing when the eviction brings the KV within capacity, else one
+        idle second whose end arrivals join at). Survivors make no progress in it: on the paper's memory their
+        schedules move one round later (records.py)."""
+        st, mem = self.state, self.memory
+        state, running = st.request_state, st.running
+        t0 = perf_counter()
+        try:
+            victims = overflow(view)
+            self.policy_seconds += perf_counter() - t0
+            seen = set()
+            for i in victims:
+                if not isinstance(i, (int, np.integer)) or not 0 <= i < len(state) or state[i] != RUNNING or i in seen:
+                    raise PolicyError(f"policy '{name}' names request {i!r} as an overflow victim: not a running "
+                                      f"request of this run, or named twice")
+                seen.add(i)
+        except PolicyError as exc:
+            raise located(self, exc, step, t) from None
+        n_dec, ctx = len(running) - len(st.prefilling), st.decode_context_tokens
+        dt = 0.0
+        if self.overflow_cost == "batch":
+            dt = self.seconds(NO_CHUNKS, n_dec, ctx, ctx + n_dec - st.decode_prompt_tokens)
+        used = mem.used
+        if len(victims) > 8:  # a clearing of many (alpha-greedy clears all): one pass over the running list
+            gone = set(victims)
+            running[:] = [i for i in running if i not in gone]
+            for i in victims:
+                preempt(self, i, RECOMPUTE, t, listed=False, kind="evict")
+        else:
+            for i in victims:
+                preempt(self, i, RECOMPUTE, t, kind="evict")
+        if self.events is not None:
+            self.events.add(t, -1, "clear", tokens=len(victims))
+        st.waiting.extendleft(i for i in victims if state[i] == WAITING)
+        if self.overflow_cost == "authors_code" and st.decode_context_tokens + len(running) > mem.capacity_tokens:
+            dt, self.idled = 1.0, True  # the scripts idle one second before clearing again
+        if self.paper:
+            admission_round = st.admission_round
+            for i in running:
+                admission_round[i] += 1
+        self.rows.clearing(start=t, duration=dt, decodes=n_dec, decode_kv=ctx + n_dec, cleared=len(victims),
+                           blocks_used=used)
+        return dt
+
+    # --- 4-7 for the most common iteration ------------------------------------------------------------------------
+    def _decode_only(self, t: float):
+        """Every running request decodes, nothing else happens: the general path's arithmetic without its empty
+        branches. Returns (seconds, token stamp, finished requests, decoders' KV tokens)."""
+        st = self.state
+        clock, running = st.clock, st.running
+        n_dec, ctx_now = len(running), st.decode_context_tokens
+        if st.growing or clock.ticks in clock.grow_at:
+            self._grow_blocks()
+        if self.events is not None:
+            self.events.decoded(running)
+        compute = self.seconds(NO_CHUNKS, n_dec, ctx_now, ctx_now + n_dec - st.decode_prompt_tokens)
+        dt = max(compute, 0.0) if self.overlap else compute + 0.0
+        stamp = t if self.at_start else t + dt
+        finished = clock.tick(stamp)
+        left_ctx, left_prompts = self._leave_clock(finished) if finished else (0, 0)
+        self.rows.decode_only(t, dt, n_dec, ctx_now + n_dec)
+        st.decode_context_tokens = ctx_now + n_dec - left_ctx
+        st.decode_prompt_tokens -= left_prompts
+        return dt, stamp, finished, ctx_now + n_dec
+
+    def _grow_blocks(self) -> None:
+        """The running requests on the decode clock whose context crosses a block boundary now take their block (the
+        caller checks first that some may: ``growing``, or a boundary due at this tick; never on the paper's memory)."""
+        st, mem = self.state, self.memory
+        clock, s, bs = st.clock, st.prompt, mem.block_size
+        grew = [i for i in st.growing if clock.on_clock[i]]  # preempted ones are off the clock
+        for i in grew:
+            mem.hold(i, (s[i] + clock.generated(i) + bs - 1) // bs)
+        clock.grown(grew)
+
+    def _leave_clock(self, finished):
+        """The requests that produced their last token leave the decode clock; returns (their cached contexts, their
+        prompts), which leave the running aggregates after the iteration's row."""
+        st = self.state
+        s, o, stop = st.prompt, st.output, st.clock.stop
+        left_ctx = left_prompts = 0
+        for i in finished:
+            stop(i)
+            left_ctx += s[i] + o[i] - 1
+            left_prompts += s[i]
+        return left_ctx, left_prompts
+
+    # --- 4. apply ------------------------------------------------------------------------------------------------
+    def _apply(self, d: Decision, t: float) -> "Batch":
+        """Carry out a checked decision in the order preempt, swap in, lend, prefill, decode, reserve; returns what
+        runs in the iteration."""
+        st, mem, clock = self.state, self.memory, self.state.clock
+        state = st.request_state
+        self.blocks_out = self.blocks_in = n_rec = 0
+        for i, mode in d.preempt:
+            n_rec += preempt(self, i, mode, t) == RECOMPUTE
+        if d.preempt:  # vLLM's waiting.extendleft(preempted): the last victim (the earliest admitted) ends first
+            st.waiting.extendleft(i for i, _ in d.preempt if state[i] == WAITING)
+        for i in d.swap_in:
+            swap_in(self, i, t)
+        for g, h, b in d.lend:  # embedded guests take their host's unused blocks before they start
+            if h in d.reserve:
+                mem.hold(h, mem.blocks(d.reserve[h]))
+            mem.lend(h, g, b)
+            clock.reschedule_growth(h)
+            st.reserved.add(g)
+        batch = Batch(n_rec)
+        self._prefills(d, t, batch)
+        self._decoders(d, batch)
+        if d.reserve:
+            lenders = {h for _, h, _ in d.lend} if d.lend else ()
+            for i, tokens in d.reserve.items():
+                if i in lenders:
+                    continue  # held before it lent
+                mem.hold(i, mem.blocks(tokens))
+                st.reserved.add(i)
+                clock.reschedule_growth(i)
+        if self.blocks_out or self.blocks_in:
+            batch.swap_seconds = self.swap.seconds(self.blocks_out) + self.swap.seconds(self.blocks_in)
+        return batch
+
+    def _prefills(self, d: Decision, t: float, batch: "Batch") -> None:
+        """Prefills start (waiting requests) or go on; each chunk is timed with the context before it. With prefix
+        caching a prefill skips its cached prefix (a chunk runs past it, capped at the rest) and the blocks its chunk
+        fills are cached now (vLLM v1 caches at scheduling)."""
+        st, mem = self.state, self.memory
+        state, prefilled, target = st.request_state, st.prefilled, st.prefill_target
+        prefills, chunks, partial = batch.prefills, batch.chunks, 0
+        for i, chunk in d.prefill:
+            if state[i] == WAITING:
+                start_prefill(self, i, t)
+            chunk = min(chunk, target[i] - prefilled[i])
+            mem.advance(i, prefilled[i] + chunk)
+            prefills.append((i, chunk))
+        for i, chunk in prefills:
+            chunks.append((chunk, prefilled[i]))
+            if prefilled[i] + chunk < target[i]:
+                partial += chunk
+        batch.partial = partial
+
+    def _decoders(self, d: Decision, batch: "Batch") -> None:
+        """Who decodes: every running request past its prefill (``decode_all``, on the decode clock), or a list (every
+        request off the clock, counted one by one), or none (a prefill-only step: swapped-in requests decode from the
+        next one)."""
+        st, mem = self.state, self.memory
+        clock, running, s = st.clock, st.running, st.prompt
+        if d.decode_all or not d.decode:
+            for i in d.swap_in:
+                clock.start(i, clock.tokens[i])
+            if d.decode_all:
+                batch.decodes, batch.decode_ctx = len(running) - len(st.prefilling), st.decode_context_tokens
+                if st.growing or clock.ticks in clock.grow_at:
+                    self._grow_blocks()
+            return
+        for i in [i for i in running if clock.on_clock[i]]:
+            clock.stop(i)
+        bs, tokens = mem.block_size, clock.tokens
+        batch.decodes = len(d.decode)
+        batch.decode_ctx = sum(s[i] + tokens[i] - 1 for i in d.decode)
+        for i in d.decode:
+            mem.hold(i, (s[i] + tokens[i] + bs - 1) // bs)
+
+    # --- 5. time -------------------------------------------------------------------------------------------------
+    def _time(self, d: Decision, batch: "Batch") -> float:
+        """The iteration's seconds: the latency model's for its exact batch, and the swap model's copies (the longer
+        of the two when they overlap)."""
+        st = self.state
+        if self.events is not None:
+            self.events.prefilled(batch.prefills)
+            self.events.decoded([i for i in st.running if i not in st.prefilling] if d.decode_all else d.decode)
+        n_dec, ctx_now = batch.decodes, batch.decode_ctx
+        if d.decode_all:  # the decodes' produced tokens (the MC-SF authors' formula counts them)
+            gen_sum = ctx_now + n_dec - st.decode_prompt_tokens
+        else:
+            gen_sum = sum(st.clock.tokens[i] for i in d.decode) if d.decode and self.needs_generated else 0
+        compute = self.seconds(batch.chunks, n_dec, ctx_now, gen_sum)
+        swap_s = batch.swap_seconds
+        return max(compute, swap_s) if self.overlap else compute + swap_s
+
+    # --- 6. stamp, 7. record ---------------------------------------------------------------------------------------
+    def _stamp_and_record(self, d: Decision, batch: "Batch", t: float, dt: float, step: int):
+        """Stamp the iteration's tokens (one per decoder, one per prefill whose last chunk ran), record its row, and
+        return (the stamp, the requests that produced their last token, whether anything progressed, the decoders'
+        KV tokens)."""
+        st = self.state
+        stamp = t if self.at_start else t + dt  # when this iteration's tokens are stamped
+        n_dec = batch.decodes
+        st.decode_context_tokens += n_dec
+        clock, o = st.clock, st.output
+        if d.decode_all:
+            finished = clock.tick(stamp)  # still on the clock: _leave_clock stops them
+            left_ctx, left_prompts = self._leave_clock(finished) if finished else (0, 0)
+        else:
+            finished, left_ctx, left_prompts = [], 0, 0
+            for i in d.decode:  # every decoder is off the clock: one by one
+                clock.tokens[i] += 1
+                token(self, i, stamp)
+                if clock.tokens[i] == o[i]:
+                    finished.append(i)
+                    left_ctx += st.prompt[i] + o[i] - 1
+                    left_prompts += st.prompt[i]
+        progressed, prefill_tokens, done_at_prefill = self._stamp_prefills(batch.prefills, finished, stamp, step)
+        running, prefilling = st.running, st.prefilling
+        if d.decode:  # back on the clock, all who decode from here on
+            for i in running:
+                if i not in prefilling and st.request_state[i] == RUNNING and clock.tokens[i] < o[i]:
+                    clock.start(i, clock.tokens[i])
+        else:
+            for i, _ in batch.prefills:
+                if i not in prefilling and clock.tokens[i] < o[i]:
+                    clock.start(i, clock.tokens[i])
+        # KV held during this iteration (before completions free it), and blocks held beyond it
+        batch.blocks_reserved = self._reserved_blocks() if prefilling or st.reserved else 0
+        batch.prefill_tokens = prefill_tokens
+        batch.kv_in_use = st.decode_context_tokens + st.prefill_kv_tokens + done_at_prefill
+        self.rows.iteration(t, dt, batch, d)
+        st.decode_context_tokens -= left_ctx
+        st.decode_prompt_tokens -= left_prompts
+        return stamp, finished, progressed or n_dec > 0, batch.decode_ctx + n_dec
+
+    def _stamp_prefills(self, prefills, finished: list, stamp: float, step: int):
+        """The prefill chunks' progress and the tokens of those that completed; a request that produced its last
+        token is added to ``finished``. Returns (a chunk went further than its prefill ever got, prefill tokens,
+        tokens of prefills that completed their request)."""
+        st = self.state
+        clock, prefilled, target, furthest, o = st.clock, st.prefilled, st.prefill_target, st.furthest_prefilled, st.output
+        first_token, ev = st.first_token, self.events
+        advanced, produced, prefill_tokens, done_at_prefill = False, False, 0, 0
+        for i, chunk in prefills:
+            p = prefilled[i] + chunk
+            if p > furthest[i]:  # a chunk past where this request's prefill ever got: progress, no token yet
+                furthest[i] = p
+                advanced = True
+            prefilled[i] = p
+            prefill_tokens += chunk
+            st.prefill_kv_tokens += chunk
+            if p != target[i]:
+                continue
+            st.prefilling.discard(i)
+            st.prefill_kv_tokens -= p
+            produced = True
+            clock.tokens[i] += 1
+            if first_token[i] != first_token[i]:  # its first token (NaN before): no gap to count
+                first_token[i] = st.last_token[i] = stamp
+                if ev is not None:
+                    ev.add(stamp, i, "first_token")
+            else:
+                token(self, i, stamp)
+            if self.paper:  # the paper's records: this life's admission round and first token
+                st.admission_round[i], st.admission_stamp[i] = step, stamp
+            if clock.tokens[i] == o[i]:
+                finished.append(i)
+                done_at_prefill += p
+            else:
+                st.decode_context_tokens += p  # = s + generated - 1: it decodes from the next iteration
+                st.decode_prompt_tokens += st.prompt[i]
+        return advanced or produced, prefill_tokens, done_at_prefill
+
+    def _reserved_blocks(self) -> int:
+        """Blocks held beyond the running requests' contexts (chunked prefills, reservations)."""
+        st = self.state
+        gpu, bs, s = self.memory.gpu, self.memory.block_size, st.prompt
+        reserved = 0
+        for i in st.prefilling.union(st.reserved.intersection(st.running)):
+            ctx = st.prefilled[i] if i in st.prefilling else s[i] + st.clock.generated(i) - 1
+            reserved += gpu[i] - (ctx + bs - 1) // bs
+        return reserved
+
+    # --- the run's end -------------------------------------------------------------------------------------------
+    def _end(self, status: str, message: str, clearing: int, cluster: bool) -> EngineResult:
+        """The run's records: requests still on the clock stopped, the status settled, the tables built."""
+        st = self.state
+        state = st.request_state
+        for i in st.running:  # a run stopped early: tokens of requests still on the clock
+            if st.clock.on_clock[i]:
+                st.clock.stop(i)
+        if status == "completed" and st.n and not cluster and not (state == DONE).any():  # every request rejected
+            first = int(np.flatnonzero(state == REJECTED)[0]) if (state == REJECTED).any() else 0
+            status = "nothing_served"
+            message = (f"no request was served: all {st.n} were rejected (request {st.request_id[first]}: "
+                       f"{st.reject_reason[first] or 'see reject_reason'})")
+        if self.paper:  # the paper's memory: the tables the old paper loop wrote, column for column
+            result = records.paper_result(self, self.rows, status, message, clearing)
+        else:
+            rejected = int((state == REJECTED).sum())
+            if status == "completed" and rejected:
+                message = f"{rejected} request(s) rejected (see reject_reason)"
+            result = records.paged_result(self, self.rows, status, message, clearing)
+            if not cluster:  # a cluster pools every replica's gaps once (kvstudy/cluster/driver.py)
+                result.extra["tbt_pooled"] = records.pooled_tbt(self)
+            result.extra["policy_seconds"] = round(self.policy_seconds, 4)
+            result.extra["policy_us_per_iteration"] = round(1e6 * self.policy_seconds / max(1, len(self.rows.rows)), 2)
+        if self.events is not None:
+            result.events, result.batches = self.events.tables(st.requests.request_id)
+        return result
+
+    # --- messages and the progress bar ------------------------------------------------------------------------------
+    def _progress_bar(self, name: str):
+        if not self.progress:
+            return None
+        from tqdm import tqdm  # only when asked: tqdm's import costs a run that shows no bar
+
+        return tqdm(total=self.state.n, desc=name, unit="req", leave=False)
+
+    def _admits_none_message(self, name: str) -> str:
+        st = self.state
+        first = min(st.waiting)  # the first in arrival order
+        prediction = getattr(self.policy, "prediction", None)  # as the policy sees it
+        return (f"policy '{name}' admits none of {len(st.waiting)} waiting request(s) on an idle engine (first: "
+                f"request {st.request_id[first]}, prompt {st.prompt[first]}, predicted output "
+                f"{prediction(first) if prediction else st.predicted[first]}, capacity {self.memory.capacity_tokens})")
+
+    def _ran_nothing(self, no_token: int, name: str):
+        """(status, message) of a run whose policy ran nothing ``stall_limit`` times in a row."""
+        st = self.state
+        return "stalled" if not st.running else "no_progress", (f"policy '{name}' ran no request in {no_token} iterations in a row (engine.stall_limit="
+                f"{self.stall_limit}) with {len(st.waiting)} waiting, {len(st.running)} running and "
+                f"{len(st.swapped)} swapped")
+
+    def _no_token_message(self, no_token: int, name: str) -> str:
+        return (f"{no_token} iterations in a row produced no token (engine.stall_limit={self.stall_limit}): policy "
+                f"'{name}' keeps preempting or re-prefilling")
+
+    def _overflowing_message(self, since_completion: int) -> str:
+        return (f"{since_completion} clearing events in a row without a completed request (engine.stall_limit="
+                f"{self.stall_limit}); the policy keeps overflowing memory")
+
+
+class Batch:
+    """What one general iteration runs (``StepEngine._apply``), by name: prefill ``(request, tokens)`` pairs and their
+    ``(tokens, context before)`` chunks, the decoders and their cached context tokens, the tokens of chunks that leave
+    a prefill unfinished, the requests preempted by recompute, the swap copies' seconds; records.py's row logs read
+    the iteration's row from it."""
+
+    __slots__ = ("prefills", "chunks", "decodes", "decode_ctx", "partial", "recomputes", "swap_seconds",
+                 "prefill_tokens", "kv_in_use", "blocks_reserved")
+
+    def __init__(self, recomputes: int) -> None:
+        self.prefills, self.chunks = [], []
+        self.decodes = self.decode_ctx = self.partial = 0
+        self.recomputes = recomputes
+        self.swap_seconds = 0.0
+        #: set when the iteration is stamped: prefill tokens computed, KV tokens held during it, blocks held beyond
+        #: the running requests' contexts
+        self.prefill_tokens = self.kv_in_use = self.blocks_reserved = 0

@@ -1,0 +1,137 @@
+"""The run's state: one object holding every request's fields and the queues, which the engine's phases change and the
+records (records.py), the policy's view (kvstudy/policies/step.py ``StepView``) and the cluster driver
+(kvstudy/cluster/driver.py) read.
+
+Per-request fields are parallel Python lists indexed by the request's position in the run (0..n-1, arrival order):
+a list index is the fastest read and write Python has, and the loop touches a few of them per request per event.
+Times are seconds on the run's clock (NaN: not yet); token counts are in the memory model's convention
+(``RunState.output``: o tokens under vLLM's convention, o + 1 under the MC-SF paper's, whose o decode rounds follow
+the prompt's round).
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+
+import numpy as np
+
+from kvstudy.engine.decode_clock import DecodeClock
+from kvstudy.engine.states import FUTURE
+
+
+class GeneratedTokens:
+    """``view.generated[i]``: tokens request i has produced, read through the decode clock."""
+
+    def __init__(self, clock: DecodeClock) -> None:
+        self._clock = clock
+
+    def __getitem__(self, i: int) -> int:
+        return self._clock.generated(i)
+
+
+class WaitingSet(dict):
+    """The waiting requests as a set (a dict of None), for a policy that keeps its own queue orders
+    (kvstudy/policies/admission.py): removing a request from anywhere costs O(1), not a deque's O(position), and
+    returning victims costs O(victims). Its order is never read."""
+
+    def append(self, i: int) -> None:
+        self[i] = None
+
+    def remove(self, i: int) -> None:
+        del self[i]
+
+    def extendleft(self, items) -> None:
+        self.update(dict.fromkeys(items))
+
+
+class RunState:
+    """Everything a run changes, named for what it holds. Built once per run by the engine (``StepEngine.loop``)."""
+
+    def __init__(self, requests, predicted: np.ndarray, paper: bool, block_size: int, held: dict,
+                 own_queue_orders: bool) -> None:
+        n = self.n = len(requests)
+        self.requests = requests
+        # --- the requests, as the loop reads them (lists: fast single-element access) ---
+        self.prompt = s = requests.prompt_tokens.tolist()
+        #: output tokens in the memory model's convention (paper: o + 1, the prompt's round produces one)
+        self.output = [x + 1 for x in requests.output_tokens.tolist()] if paper else requests.output_tokens.tolist()
+        self.arrival = requests.arrival_time.tolist()
+        self.predicted_array = np.asarray(predicted, dtype=np.int64)
+        self.predicted = self.predicted_array.tolist()
+        self.request_id = requests.request_id.tolist()
+        # --- where each request is ---
+        #: per request its state code (kvstudy/engine/states.py: FUTURE, WAITING, RUNNING, DONE, REJECTED, SWAPPED,
+        #: ELSEWHERE); a numpy array, so records and the driver select by state in one call
+        self.request_state = np.full(n, FUTURE, dtype=np.int8)
+        #: waiting requests in queue order (vLLM puts recompute victims at the front); a set when the policy keeps its
+        #: own queue orders (an admission policy through the adapter)
+        self.waiting = WaitingSet() if own_queue_orders else deque()
+        self.running: list = []  # requests holding GPU KV, in admission order
+        self.swapped = deque()  # requests whose KV is on the host
+        self.prefilling: set = set()  # running requests whose prefill is unfinished
+        self.growing: set = set()  # running requests that need one more block to decode in this iteration
+        self.reserved: set = set()  # requests holding blocks beyond their context (a reservation or a loan)
+        # --- progress ---
+        #: tokens produced (exact off the clock), the clock's ticks, the requests on it (decode_clock.py)
+        self.last_token = [math.nan] * n
+        self.max_gap = [0.0] * n  # each request's largest gap between tokens, seconds
+        self.clock = DecodeClock(n, s, self.output, block_size, held, self.last_token, self.max_gap, gaps=not paper)
+        self.generated = GeneratedTokens(self.clock)
+        self.prefilled = [0] * n  # tokens of the current prefill done
+        self.prefill_target = list(s)  # prompt + generated when the current prefill started
+        #: the furthest each request's prefill has got in any life: a chunk beyond it is progress (engine.stall_limit
+        #: counts iterations without a token, but a prompt longer than stall_limit chunks takes more than that)
+        self.furthest_prefilled = [0] * n
+        # --- times, seconds ---
+        self.first_scheduled = [math.nan] * n
+        self.first_token = [math.nan] * n
+        self.completion = [math.nan] * n
+        self.off_clock_gaps: list = []  # gaps between tokens produced off the decode clock (pooled TBT)
+        self.preempted_at = [math.nan] * n  # when the current preemption began (NaN: running or never)
+        self.preempted_seconds = [0.0] * n
+        # --- preemptions ---
+        self.preemptions_recompute = [0] * n
+        self.preemptions_swap = [0] * n
+        self.swap_fallbacks = [0] * n  # swaps carried out as recomputes (no host room)
+        self.recomputed_tokens = [0] * n
+        self.swapped_bytes = [0] * n
+        self.reject_reason = [""] * n
+        # --- prefix caching: prompt tokens served from the cache at the first prefill / at later ones ---
+        self.prefix_cached_first = [0] * n
+        self.prefix_cached_later = [0] * n
+        # --- the MC-SF paper's records (records.py): the admission round and its stamp of the life that completes a
+        #     request (an overflow round moves its survivors' schedules one round later), and its last round ---
+        self.admission_round = [-1] * n
+        self.admission_stamp = [math.nan] * n
+        self.last_round = [-1] * n
+        # --- aggregates the loop keeps instead of summing over the running requests each iteration ---
+        #: sum of prompt + generated - 1 (the cached context) over running requests past their prefill
+        self.decode_context_tokens = 0
+        #: sum of the prompts of the same requests (decode_context_tokens + their count - this: their tokens)
+        self.decode_prompt_tokens = 0
+        #: KV tokens of running requests still in their prefill
+        self.prefill_kv_tokens = 0
+        #: the next request (in arrival order) not yet joined or skipped
+        self.next_arrival = 0
+        #: in a cluster, (end, outstanding, KV in use) of the iteration in flight when it finishes requests: what a
+        #: router sees before that end (kvstudy/cluster/driver.py ReplicaView)
+        self.inflight = None
+
+    def outstanding(self) -> int:
+        """Requests waiting, running or swapped out."""
+        return len(self.waiting) + len(self.running) + len(self.swapped)
+
+    def idle(self) -> bool:
+        return not self.waiting and not self.running and not self.swapped
+
+    def context(self, i: int) -> int:
+        """Request i's prompt + generated tokens (exact for requests off the decode clock)."""
+        return self.prompt[i] + self.clock.tokens[i]
+
+    def ids(self, indices, most: int = 8) -> str:
+        """Request ids for a message: ``request(s) 3, 17, 21``, ``none``, or the first ``most`` and how many more."""
+        ids = [self.request_id[i] for i in indices]
+        if not ids:
+            return "none"
+        more = f" and {len(ids) - most} more" if len(ids) > most else ""
+        return f"request(s) {', '.join(map(str, ids[:most]))}{more}"

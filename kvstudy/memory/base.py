@@ -1,0 +1,140 @@
+"""The memory interface: what the engine (kvstudy/engine/) asks of a memory model, and what it promises back.
+
+Two models implement it: :class:`~kvstudy.memory.paper.PaperMemory` (the MC-SF paper's constraint (3), KV counted in
+tokens in aggregate, no per-request holdings) and :class:`~kvstudy.memory.paged.PagedMemory` (vLLM's blocks, the
+admission watermark, host swap space, loans, and with ``prefix_caching`` vLLM's automatic prefix caching behind the
+same methods). A new model implements every member below; ``tests/test_architecture.py`` checks the built-in
+ones against this protocol; docs/architecture.md says how the engine calls it.
+
+Units: *blocks* are the model's allocation unit (``block_size`` tokens; the paper's memory has blocks of one token),
+*tokens* are KV tokens (one per token of context). Requests are named by their index in the run (0..n-1).
+
+Allocation is ``ceil(tokens / block_size)`` blocks per request: ``blocks`` says so, and the decode clock
+(kvstudy/engine/decode_clock.py: a decoding request needs one more block each ``block_size`` tokens), ``StepView`` and
+the vLLM-family policies compute the same rounding themselves. A model that allocates otherwise (a fixed reservation
+per request, say) fits by choosing its ``block_size`` so that this rounding is its allocation (one block of R
+tokens per request), not by changing ``blocks`` alone.
+
+The engine is the only caller of the changing methods (``hold`` .. ``advance``), and calls them only after it has
+checked a policy's decision against the queries (``blocks``, ``held``, ``free``, ``can_allocate`` ...). A policy
+reads the queries through ``view.memory`` and never changes anything.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Protocol, Tuple, runtime_checkable
+
+
+@runtime_checkable
+class MemoryModel(Protocol):
+    # --- what the model is (class attributes) ---
+    #: the ``memory`` group's option name, for messages and the run's summary
+    name: str
+    #: preemption modes the model can carry out: ``("recompute",)`` or ``("recompute", "swap")``
+    modes: tuple
+    #: the token convention it fixes: ``"paper"`` (o decode rounds after the prompt's round; an eviction restarts the
+    #: request) or ``"vllm"`` (o tokens, the first from the prefill; a recompute keeps them)
+    convention: str
+    #: True: KV is held per request in blocks and every decision is checked against the blocks the cache has;
+    #: False: counted in aggregate, admissions unchecked (over-commitment is caught as an overflow next round)
+    tracks_blocks: bool
+    #: True: vLLM's automatic prefix caching is on (a prefill may start past a cached prefix; ``cache_stats`` and
+    #: ``release_gain`` answer for shared blocks)
+    prefix_caching: bool
+
+    # --- sizes ---
+    capacity_tokens: int  #: KV capacity, tokens
+    block_size: int  #: tokens per block
+    num_blocks: int  #: blocks the cache has
+    watermark_blocks: int  #: blocks an admission must leave free (vLLM's watermark); 0 without one
+    host_blocks_total: int  #: host swap space, blocks (set by ``bind``)
+
+    # --- counters (read by the engine, the records and policies; changed only by the methods below) ---
+    used: int  #: blocks in use (distinct blocks under prefix caching)
+    host_used: int  #: host blocks in use (swapped-out requests)
+    gpu: dict  #: request -> blocks it holds (shared ones included)
+    loans: dict  #: guest -> (host, blocks) lent to it (CacheOPT's embedding)
+
+    # --- set-up ---
+    def bind(self, kv_bytes_per_token_per_gpu: int) -> None:
+        """Start a run: size the host space for one GPU's KV bytes per token and clear every counter."""
+
+    def set_segments(self, segments) -> None:
+        """The run's requests' shared content (``Requests.segments``; prefix caching keys blocks by it)."""
+
+    # --- queries ---
+    def blocks(self, tokens: int) -> int:
+        """Blocks that ``tokens`` tokens of context need."""
+
+    def held(self, i: int) -> int:
+        """Blocks request i holds now."""
+
+    @property
+    def free(self) -> int:
+        """Blocks not in use."""
+
+    def rejection(self, prompt: int, output: int, watermark: bool = True) -> str:
+        """Why a request of ``prompt`` + ``output`` tokens can never be served (empty: it can)."""
+
+    def overflows(self, need_tokens: int, growing: int) -> bool:
+        """Do the running requests' next tokens (``need_tokens`` in total, ``growing`` of them needing one more block
+        each) exceed the memory?"""
+
+    def can_allocate(self, need_blocks: int, free: int = None) -> str:
+        """vLLM's admission answer for a prefill of ``need_blocks``: ``"ok"``, ``"later"`` or ``"never"``."""
+
+    def host_has_room(self, blocks: int) -> bool:
+        """Can ``blocks`` more be swapped out to the host?"""
+
+    def swap_in_blocks(self, i: int, context_tokens: int) -> int:
+        """Blocks swapped-out request i holds once back on the GPU to decode with ``context_tokens`` of context."""
+
+    def start_blocks(self, i: int, tokens: int, dropped=()) -> int:
+        """Free blocks request i's prefill of ``tokens`` takes now (less any it shares: prefix caching)."""
+
+    def release_gain(self, requests: Iterable[int]) -> Tuple[int, set]:
+        """(blocks freed, shared keys no longer in use) if every request in ``requests`` gives its blocks back."""
+
+    def cache_stats(self) -> Tuple[int, int]:
+        """Prefix caching's (blocks holding a cached prefix, evictions so far); (0, 0) without a cache."""
+
+    def describe(self) -> dict:
+        """The model's settings for the run's summary."""
+
+    # --- what policies also read to plan a step (vLLM's family, Sarathi, CacheOPT, the cache-aware orders) ---
+    #: when a running request may decode: ``"vllm"`` (a free block at every decode's turn) or ``"boundary"``
+    decode_block_check: str
+
+    def can_swap_in(self, i: int, free: int = None) -> str:
+        """vLLM's answer for swapping request i back in: ``"ok"``, ``"later"`` or ``"never"``."""
+
+    def freed_by(self, i: int) -> int:
+        """Blocks preempting request i alone frees (not those it shares)."""
+
+    def cached_tokens(self, i: int, tokens: int) -> int:
+        """Tokens of request i's first ``tokens`` a prefill starting now would skip (0 without prefix caching)."""
+
+    def keys(self, i: int, tokens: int) -> list:
+        """Keys of request i's full blocks within its first ``tokens`` (prefix caching; empty without it)."""
+
+    # --- changes (the engine only, after checking) ---
+    def hold(self, i: int, blocks: int) -> int:
+        """Request i holds ``blocks`` blocks (never fewer than now); returns the blocks added."""
+
+    def start(self, i: int, tokens: int) -> int:
+        """Request i starts a prefill of ``tokens`` tokens and takes their blocks; returns the tokens it skips (its
+        cached prefix; 0 without prefix caching)."""
+
+    def advance(self, i: int, computed: int) -> None:
+        """Request i's prefill has scheduled ``computed`` tokens (prefix caching caches their full blocks)."""
+
+    def release(self, i: int, computed: int = 0) -> int:
+        """Free request i's blocks (``computed``: its tokens whose KV was computed); returns the blocks it held."""
+
+    def swap_out(self, i: int, computed: int = 0) -> int:
+        """Move request i's blocks to the host; returns them."""
+
+    def swap_in(self, i: int) -> int:
+        """Bring request i's blocks back from the host; returns them."""
+
+    def lend(self, host: int, guest: int, blocks: int) -> None:
+        """Move ``blocks`` of the host's held blocks to the guest (CacheOPT's embedding)."""

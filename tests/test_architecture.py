@@ -1,0 +1,134 @@
+"""The package's shape (issue 45, docs/architecture.md): no import cycle among kvstudy's modules (function-level imports
+included), vidur imported by the latency adapter alone, both memory models implementing the written memory interface,
+and every iteration row of both conventions in the columns records.py declares."""
+import ast
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvstudy.engine import records
+from kvstudy.engine.loop import Batch
+from kvstudy.policies.step import Decision
+from kvstudy.memory import PagedMemory
+from kvstudy.memory.base import MemoryModel
+from kvstudy.memory.paper import PaperMemory
+
+PACKAGE = Path(__file__).resolve().parents[1] / "kvstudy"
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> dict:
+    return {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def _imports(path: Path, modules: dict, name: str) -> set:
+    """kvstudy modules ``path`` imports anywhere in it (module level or inside a function): ``from a.b import c``
+    names the module a.b.c when c is one, else a.b."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name.startswith("kvstudy"))
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from its package
+                base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            if not base.startswith("kvstudy"):
+                continue
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                out.add(sub if sub in modules else base)
+    return {m for m in out if m in modules and m != name}
+
+
+def test_no_import_cycle():
+    modules = _modules()
+    graph = {name: _imports(path, modules, name) for name, path in modules.items()}
+    # Tarjan's strongly connected components: any component of two or more modules is a cycle
+    index, low, on_stack, stack, cycles, counter = {}, {}, set(), [], [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    assert not cycles, f"import cycles among kvstudy modules: {cycles}"
+
+
+def test_the_cycle_check_sees_function_level_imports(tmp_path):
+    """The check itself: a function-level import that closes a loop is found (the shape of the old api -> ... ->
+    preemption_cost -> api loop)."""
+    (tmp_path / "kvstudy").mkdir()
+    a = tmp_path / "kvstudy" / "a.py"
+    a.write_text("def f():\n    from kvstudy import b\n")
+    modules = {"kvstudy.a": a, "kvstudy.b": tmp_path / "kvstudy" / "b.py"}
+    assert _imports(a, modules, "kvstudy.a") == {"kvstudy.b"}
+
+
+def test_only_the_latency_adapter_imports_vidur():
+    importers = sorted(name for name, path in _modules().items()
+                       if any(isinstance(n, (ast.Import, ast.ImportFrom)) and (
+                           (isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] == "vidur")
+                           or (isinstance(n, ast.Import) and any(a.name.split(".")[0] == "vidur" for a in n.names)))
+                           for n in ast.walk(ast.parse(path.read_text()))))
+    assert importers == ["kvstudy.latency.vidur_adapter"]
+
+
+@pytest.mark.parametrize("memory", [PaperMemory(100), PagedMemory(64, block_size=4),
+                                    PagedMemory(64, block_size=4, prefix_caching=True)])
+def test_both_memory_models_implement_the_interface(memory):
+    assert isinstance(memory, MemoryModel)
+    memory.bind(1024)
+    assert memory.convention in ("paper", "vllm") and set(memory.modes) <= {"recompute", "swap"}
+    assert memory.cache_stats() == (0, 0) and memory.release_gain([]) == (0, set())
+    assert memory.start(0, 8) == 0  # nothing cached yet: no tokens skipped
+    assert memory.held(0) == (memory.blocks(8) if memory.tracks_blocks else 0)
+
+
+@pytest.mark.parametrize("memory", [PaperMemory(100), PagedMemory(64, block_size=4)])
+def test_iteration_rows_are_in_the_declared_columns(memory):
+    """A decode-only row and a general row with the same values are the same row, and each value lands in the
+    column named for it."""
+    memory.bind(1024)
+    rows = records.row_log(memory)
+    rows.decode_only(1.5, 0.25, 3, 40)
+    batch = Batch(0)
+    batch.decodes, batch.decode_ctx, batch.kv_in_use = 3, 37, 40
+    rows.iteration(1.5, 0.25, batch, Decision(decode_all=True))
+    rows.clearing(start=2.0, duration=0.0, decodes=2, decode_kv=30, cleared=1, blocks_used=memory.used)
+    table = records._iterations(rows)
+    assert list(table.columns) == list(records.ITERATION_COLUMNS[:rows.width])
+    assert table.iloc[0].equals(table.iloc[1])
+    first, last = table.iloc[0], table.iloc[2]
+    assert (first.start, first.duration, first.batch_size, first.decode_tokens, first.kv_tokens_in_use) == \
+        (1.5, 0.25, 3, 3, 40)
+    assert bool(last.overflow) and last.cleared == 1 and last.kv_tokens_in_use == 30 and last.capacity == \
+        memory.capacity_tokens
+    assert np.issubdtype(table["overflow"].dtype, np.bool_)

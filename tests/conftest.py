@@ -1,5 +1,6 @@
 """Shared fixtures. Tests never touch the network (HF_HUB_OFFLINE=1) and never write outside tmp dirs,
-except the trained-predictor cache, which goes to one temporary folder per session."""
+except the trained-predictor cache, which goes to one temporary folder per session (shared by pytest-xdist's
+workers, which wait for each other's training: kvstudy/latency/models.py ``_build_lock``)."""
 import os
 
 import numpy as np
@@ -18,7 +19,11 @@ def _session_cache(tmp_path_factory):
     if "KVSTUDY_TEST_CACHE" in os.environ:  # reuse trained tables across local test runs
         os.environ["KVSTUDY_CACHE_DIR"] = os.environ["KVSTUDY_TEST_CACHE"]
     else:
-        os.environ["KVSTUDY_CACHE_DIR"] = str(tmp_path_factory.mktemp("kvcache"))
+        root = tmp_path_factory.getbasetemp()
+        if os.environ.get("PYTEST_XDIST_WORKER"):  # each worker's base folder lies in the run's shared one
+            root = root.parent
+        (root / "kvcache").mkdir(exist_ok=True)
+        os.environ["KVSTUDY_CACHE_DIR"] = str(root / "kvcache")
     yield
 
 

@@ -3,6 +3,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from kvstudy.api import options
 from kvstudy.running.paths import REPO_ROOT
 
@@ -12,6 +14,7 @@ def kvstudy(*args, cwd=REPO_ROOT):
                           timeout=600)
 
 
+@pytest.mark.slow
 def test_card_command_small_workload(tmp_path):
     proc = kvstudy("+policy=mcsf", "+demand=high", "workload.num_requests=60", f"hydra.run.dir={tmp_path}")
     assert proc.returncode == 0, proc.stderr

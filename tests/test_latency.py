@@ -102,3 +102,31 @@ def test_save_load_roundtrip(tmp_path, llama_tp2_latency):
     llama_tp2_latency.tables.save(tmp_path / "t.npz")
     back = VidurTables.load(tmp_path / "t.npz")
     assert back.iteration_seconds([(100, 0)], 10, 3000) == llama_tp2_latency.tables.iteration_seconds([(100, 0)], 10, 3000)
+
+
+BUILD = r'''
+import sys
+from kvstudy.latency.models import vidur
+from kvstudy.latency.tables import HardwareSpec
+from kvstudy.running.paths import load_model_arch
+t = vidur(load_model_arch("opt_13b"), HardwareSpec("a100_tp1", "a100", "a100_pairwise_nvlink", 1), capacity_tokens=2048,
+          num_estimators=[4], max_depth=[8], k_fold_cv_splits=2, max_batch_size=64)
+print(t.info["source"])
+'''
+
+
+@pytest.mark.slow
+def test_two_processes_needing_the_same_tables_train_them_once(tmp_path):
+    """A cold sweep's workers (or parallel test workers) that need one predictor at once: the first trains it, the
+    others wait for it and load it (kvstudy/latency/models.py ``_build_lock``), with identical tables."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "KVSTUDY_CACHE_DIR": str(tmp_path)}
+    procs = [subprocess.Popen([sys.executable, "-c", BUILD], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in outs]
+    assert sorted(out.split()[-1] for out, _ in outs) == ["cache", "trained"]
+    assert sum(err.count("training Vidur's predictor") for _, err in outs) == 1

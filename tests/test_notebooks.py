@@ -52,6 +52,8 @@ def test_committed_notebooks_have_no_outputs():
                 assert not cell.outputs and cell.execution_count is None, f"{path.name} has outputs committed"
 
 
+@pytest.mark.xdist_group("notebooks")  # one worker builds the small sweeps once
+@pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_notebook_executes(path, small_results, monkeypatch):
     from nbclient import NotebookClient

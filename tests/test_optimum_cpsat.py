@@ -24,6 +24,7 @@ def draw(model: int, trial: int, cut: int) -> Instance:
     return Instance(inst.arrival[:cut], inst.prompt[:cut], inst.output[:cut], inst.capacity)
 
 
+@pytest.mark.slow
 @needs_ortools
 @pytest.mark.parametrize("formulation", cpsat.FORMULATIONS)
 @pytest.mark.parametrize("seed", range(4))
@@ -35,6 +36,7 @@ def test_cpsat_proofs_match_exhaustive_search(seed, formulation):
     assert res.bound <= res.objective
 
 
+@pytest.mark.slow
 @needs_ortools
 @pytest.mark.parametrize("seed", range(6))
 def test_completion_rows_alone_are_exactly_the_memory_constraint(seed):
@@ -63,6 +65,7 @@ def test_cpsat_refuses_an_unknown_formulation():
         cpsat.improve(inst, starts(inst, MCSF()), work=1, formulation="cumulativ")
 
 
+@pytest.mark.slow
 @needs_ortools
 def test_cpsat_reaches_what_lns_windows_miss_and_is_deterministic():
     # Arrival Model 2 draw 13 cut to 10 requests: MC-SF 332, LNS windows 330, OPT 261 (proven by the IP,

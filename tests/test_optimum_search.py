@@ -101,6 +101,7 @@ def test_block_rows_lift_the_lp_relaxation():
     assert bare < 0.8 * opt.objective and 0.99 * opt.objective <= lifted <= opt.objective + 1e-6
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", [1, 2])
 def test_lns_improves_feasibly_and_deterministically(model):
     inst = synthetic(model, np.random.default_rng(3))

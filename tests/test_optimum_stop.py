@@ -114,6 +114,7 @@ def test_cpsat_child_dies_with_its_parent():
             parent.kill()
 
 
+@pytest.mark.slow
 def test_a_study_that_finished_trials_reports_them_when_stopped(tmp_path):
     out = tmp_path / "some.parquet"
     # cut-10 trials 0 and 2 are proven in a few seconds, trials 1 and 4 run into the 30-s limit

@@ -291,6 +291,7 @@ class Stop(MCSF):
 """
 
 
+@pytest.mark.slow
 def test_the_command_keeps_a_finished_run_and_hydras_record_of_it(tmp_path):
     """``python -m kvstudy`` into a folder holding a finished run: refused (another config), skipped, and a re-run
     after a code edit that is interrupted leave its files and its ``.hydra/`` as they were; one that finishes

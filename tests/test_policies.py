@@ -73,6 +73,7 @@ def test_future_memory_matches_brute_force(capacity, running, candidates):
             accepted.append((w, d))
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(st.data())
 def test_oracle_policies_never_exceed_memory(data):

@@ -82,6 +82,7 @@ def test_page_marks_both_examples():
     assert any("override /memory@_global_.memory: paged" in body for body in POLICY_YAMLS.values())
 
 
+@pytest.mark.slow
 def test_commands_run_as_written(home):
     """Every command line of the page, in page order, from the home folder: exit status 0 and the summary printed."""
     folder, env = home

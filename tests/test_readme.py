@@ -91,6 +91,7 @@ def test_readme_lists_the_commands_this_test_knows():
             assert name in SMALL, f"{name}: add it to tests/small.py"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cmd", COMMANDS)
 def test_readme_command_runs(cmd, tmp_path):
     args = small(cmd, tmp_path)

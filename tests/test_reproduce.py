@@ -129,6 +129,7 @@ fig.savefig(RESULTS / "figures" / "tiny.png", dpi=110)
 """
 
 
+@pytest.mark.slow
 def test_a_tiny_paper_end_to_end(tmp_path, monkeypatch, capsys):
     nb_dir = tmp_path / "notebooks"
     nb_dir.mkdir()

@@ -18,6 +18,8 @@ def kvstudy(*args, **kw):
     return subprocess.run([sys.executable, "-m", "kvstudy", *args], cwd=REPO_ROOT, capture_output=True, text=True,
                           timeout=600, **kw)
 
+pytestmark = pytest.mark.slow  # whole sweeps in subprocesses
+
 
 def test_resume_after_killing_a_sweep(tmp_path):
     sweep = tmp_path / "sweep"

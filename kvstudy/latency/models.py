@@ -17,6 +17,8 @@ attention on the mean context, so the sum is all it needs).
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import sys
 import tempfile
 import time
@@ -219,22 +221,46 @@ def vidur(arch: ModelArch, hardware: HardwareSpec, capacity_tokens: int = 0, pro
     source = "cache"
     if tables is None:
         prepare_cache(folder)  # a cache that cannot be written: one line, before the training
-        from kvstudy.latency import vidur_adapter  # the only vidur import, needed on a cold build only
-
-        minutes = " (a large table: this can take several minutes)" if settings.max_tokens > 65536 else ""
-        print(f"training Vidur's predictor for {arch.name} on {hardware.name}, iterations up to "
-              f"{settings.max_tokens:,} tokens: once per model, hardware and settings, typically 20-90 s{minutes}; "
-              f"cached in {folder}", file=sys.stderr, flush=True)
-        # Vidur writes its own model cache as it trains; a build killed part-way would leave truncated files there
-        # that the next build would load. Each build gets a fresh folder, removed afterwards: only tables.npz
-        # (written atomically) is kept.
-        with tempfile.TemporaryDirectory(prefix="vidur-build-", dir=folder) as scratch:
-            predictor = vidur_adapter.make_predictor(arch, hardware, files, settings, scratch)
-            tables = vidur_adapter.tables_from_predictor(predictor, arch, hardware, settings)
-        tables.save(folder / "tables.npz")
-        source = "trained"
+        with _build_lock(folder):
+            # another process (a sweep's worker, a parallel test) may have built it while this one waited
+            tables = VidurTables.load(folder / "tables.npz")
+            if tables is None:
+                tables = _train(arch, hardware, files, settings, folder)
+                source = "trained"
     _LOADED[memo_key] = (key, tables)
     return VidurLatency(tables, _info(source, started, key, files, settings, tables), settings)
+
+
+def _train(arch: ModelArch, hardware: HardwareSpec, files: ProfileFiles, settings: PredictorSettings,
+           folder: Path) -> VidurTables:
+    """Train Vidur's predictor into a scratch folder and save its tables as ``folder/tables.npz``."""
+    from kvstudy.latency import vidur_adapter  # the only vidur import, needed on a cold build only
+
+    minutes = " (a large table: this can take several minutes)" if settings.max_tokens > 65536 else ""
+    print(f"training Vidur's predictor for {arch.name} on {hardware.name}, iterations up to "
+          f"{settings.max_tokens:,} tokens: once per model, hardware and settings, typically 20-90 s{minutes}; "
+          f"cached in {folder}", file=sys.stderr, flush=True)
+    # Vidur writes its own model cache as it trains; a build killed part-way would leave truncated files there
+    # that the next build would load. Each build gets a fresh folder, removed afterwards: only tables.npz
+    # (written atomically) is kept.
+    with tempfile.TemporaryDirectory(prefix="vidur-build-", dir=folder) as scratch:
+        predictor = vidur_adapter.make_predictor(arch, hardware, files, settings, scratch)
+        tables = vidur_adapter.tables_from_predictor(predictor, arch, hardware, settings)
+    tables.save(folder / "tables.npz")
+    return tables
+
+
+@contextlib.contextmanager
+def _build_lock(folder: Path):
+    """One build per cache folder at a time: processes that need the same tables at once (a cold sweep's workers,
+    parallel test workers) wait for the first one's build instead of repeating it. The lock is advisory
+    (``fcntl.flock`` on ``folder/.lock``), released when its holder exits, however it exits."""
+    with open(folder / ".lock", "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 #: tables loaded in this process (read-only arrays), see ``vidur``

@@ -76,7 +76,7 @@ def cases():
             for key, spec in keys.items():
                 full_key = f"{name}.{key}" if name else key
                 if key.endswith(".*"):
-                    matches = [k for k in present if k.startswith(key[:-1])]
+                    matches = sorted(k for k in present if k.startswith(key[:-1]))  # one choice, every process
                     if not matches:
                         continue
                     key, full_key = matches[0], (f"{name}.{matches[0]}" if name else matches[0])

@@ -74,7 +74,7 @@ def test_boolean_times_ids_and_segments_are_refused(tmp_path):
     rows = [{"prompt_tokens": 40, "output_tokens": 5, "segments": [[7, 16], [True, 16]]}]
     with pytest.raises(DataError, match=r"column 'segments' row 0"):
         trace(jsonl(tmp_path / "s.jsonl", rows))
-    with pytest.raises(DataError, match=r"column 'arrival_time' row 1 has a boolean"):
+    with pytest.raises(DataError, match=r"column 'arrival_time' row 1 has value True, a boolean; allowed: finite times"):
         make_requests(np.array([0.0, True], dtype=object), [1, 2], [3, 4], source="x")
 
 

@@ -46,15 +46,20 @@ MAX_TIME_S = 2 ** 33
 _BOOLS = (bool, np.bool_)
 
 
-def bool_rows(values) -> np.ndarray:
-    """Rows holding a boolean (JSON true/false, a bool parquet or CSV column): pandas and numpy would read them as
-    1 and 0, so a count or time column refuses them (issue 46)."""
+def refuse_booleans(values, source: str, label: str, allowed: str) -> None:
+    """A DataError naming the first row holding a boolean (JSON true/false, a bool parquet or CSV column): pandas and
+    numpy would read them as 1 and 0, so a count or time column refuses them (issue 46)."""
     series = values if isinstance(values, pd.Series) else pd.Series(values)
     if pd.api.types.is_bool_dtype(series.dtype):
-        return np.arange(len(series))
-    if series.dtype == object:
-        return np.flatnonzero([isinstance(v, _BOOLS) for v in series.tolist()])
-    return np.empty(0, dtype=np.int64)
+        rows = np.arange(len(series))
+    elif series.dtype == object:
+        rows = np.flatnonzero([isinstance(v, _BOOLS) for v in series.tolist()])
+    else:
+        return
+    if len(rows):
+        row = int(rows[0])
+        raise DataError(f"{source}: column {label} row {row} has value {bool(series.iloc[row])!r}, a boolean; "
+                        f"allowed: {allowed} ({len(rows)} boolean row(s))")
 
 
 def column_label(name: str, column: Optional[str] = None) -> str:
@@ -78,12 +83,7 @@ def _int_column(values, name: str, source: str, minimum: int, column: Optional[s
     """``values`` as int64, each a whole number in [minimum, MAX_COUNT] (not a boolean); the first bad row is named.
     ``column``: the file's name for the column, when it is not ``name``."""
     label = column_label(name, column)
-    flags = bool_rows(values)
-    if len(flags):
-        row = int(flags[0])
-        raise DataError(f"{source}: column {label} row {row} has value {bool(pd.Series(values).iloc[row])!r}, a "
-                        f"boolean; allowed: whole numbers >= {minimum} and <= {MAX_COUNT:,} ({len(flags)} boolean "
-                        f"row(s))")
+    refuse_booleans(values, source, label, f"whole numbers >= {minimum} and <= {MAX_COUNT:,}")
     arr = pd.to_numeric(pd.Series(values), errors="coerce").to_numpy(dtype=float)
     with np.errstate(invalid="ignore"):
         bad = np.flatnonzero(~np.isfinite(arr) | (arr < minimum) | (arr > MAX_COUNT) | (arr != np.round(arr)))
@@ -123,10 +123,7 @@ def make_requests(arrival_time, prompt_tokens, output_tokens, source: str, predi
         raise DataError(f"{source}: no requests (an empty table); allowed: at least one row")
     prompt = _int_column(prompt_tokens, "prompt_tokens", source, 1)
     output = _int_column(output_tokens, "output_tokens", source, 1)
-    flags = bool_rows(arrival_time)
-    if len(flags):
-        raise DataError(f"{source}: column 'arrival_time' row {int(flags[0])} has a boolean "
-                        f"({bool(pd.Series(arrival_time).iloc[int(flags[0])])!r}); allowed: finite times >= 0 s")
+    refuse_booleans(arrival_time, source, "'arrival_time'", "finite times >= 0 s")
     arrival = pd.to_numeric(pd.Series(arrival_time), errors="coerce").to_numpy(dtype=float)
     with np.errstate(invalid="ignore"):
         bad = np.flatnonzero(~np.isfinite(arrival) | (arrival < 0) | (arrival >= MAX_TIME_S))

@@ -32,7 +32,7 @@ import pandas as pd
 
 from kvstudy.errors import ConfigError, DataError
 from kvstudy.memory.prefix import mooncake_segments
-from kvstudy.workloads.requests import (MAX_TIME_S, _int_column, bool_rows, check_segments, column_label,
+from kvstudy.workloads.requests import (MAX_TIME_S, _int_column, check_segments, column_label, refuse_booleans,
                                        regular_file)
 
 ALIASES = {
@@ -119,12 +119,7 @@ def _unique_json_keys(path: Path, lines: bool) -> None:
 
 def _to_seconds(values: pd.Series, unit: str, source: str, column: Optional[str] = None) -> np.ndarray:
     label = column_label("arrival_time", column)
-    flags = bool_rows(values)
-    if len(flags):
-        row = int(flags[0])
-        raise DataError(f"{source}: column {label} row {row} has value {bool(values.iloc[row])!r}, a boolean; "
-                        f"allowed: numbers of workload.time_unit={unit} >= 0, or ISO datetimes ({len(flags)} boolean "
-                        f"row(s))")
+    refuse_booleans(values, source, label, f"numbers of workload.time_unit={unit} >= 0, or ISO datetimes")
     if pd.api.types.is_numeric_dtype(values):
         scale = {"s": 1.0, "ms": 1e-3}.get(unit)
         if scale is None:

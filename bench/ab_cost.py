@@ -1,5 +1,6 @@
 """Engine µs per iteration of two checkouts, interleaved (this machine drifts by ±30% over minutes, so the two are
-run alternately in fresh processes: 3 rounds, each the best of 3 simulations).
+run alternately in fresh processes: 3 rounds, each the best of 3 simulations; ROUNDS=5 in the environment for more).
+Pin it to one core to keep the other's load out: ``taskset -c 1 python bench/ab_cost.py ...``.
 
     git worktree add /tmp/base <commit>
     python bench/ab_cost.py /tmp/base 5000 "+policy=mcsf +demand=high" "+policy=vllm +demand=high"
@@ -7,14 +8,17 @@ run alternately in fresh processes: 3 rounds, each the best of 3 simulations).
 Prints one Markdown row per config: before µs, after µs (this checkout), change.
 """
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 CODE = r'''
-import sys, json
+import os, sys, json
 sys.path.insert(0, sys.argv[1])
 from kvstudy import api
+if os.environ.get("AB_GC") == "freeze":  # the heap before the runs left out of the collector's passes
+    import gc; gc.collect(); gc.freeze()
 cfg = api.compose(sys.argv[3:] + ["engine.progress=false", f"workload.num_requests={sys.argv[2]}"])
 best, its = None, 0
 for _ in range(3):
@@ -34,7 +38,7 @@ def main(argv):
     print("| config | requests | before µs | after µs | change |\n|---|---|---|---|---|")
     for cfg in configs:
         res = {"base": [], "new": []}
-        for _ in range(3):
+        for _ in range(int(os.environ.get("ROUNDS", 3))):
             for name, tree in trees.items():
                 r = subprocess.run([sys.executable, "-c", CODE, tree, n] + cfg, capture_output=True, text=True,
                                    cwd=tree)

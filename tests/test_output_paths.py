@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -51,13 +52,20 @@ def a_file(tmp_path):
 
 
 @pytest.fixture
-def read_only(tmp_path):
+def read_only(tmp_path, monkeypatch):
+    """A folder this process cannot write. Root writes a chmod'ed folder anyway (CI runs as root): there the folder
+    is reported unwritable as a non-root user's would be, by ``os.access`` as kvstudy/running/paths.py asks it."""
     folder = tmp_path / "ro"
     folder.mkdir()
     folder.chmod(0o555)
-    if os.access(folder, os.W_OK):  # root writes anyway: chmod cannot make the case
-        folder.chmod(0o755)
-        pytest.skip("running as root: a chmod'ed folder stays writable")
+    if os.access(folder, os.W_OK):
+        real = os.access
+
+        def access(path, mode, *args, **kw):
+            inside = Path(path) == folder or folder in Path(path).parents
+            return False if inside and mode & os.W_OK else real(path, mode, *args, **kw)
+
+        monkeypatch.setattr(paths.os, "access", access)
     yield folder
     folder.chmod(0o755)
 
@@ -134,6 +142,8 @@ def test_kvstudy_sweep_folder_before_hydra_makes_it(a_file):
 
 
 def test_kvstudy_run_folder_that_cannot_be_written(read_only):
+    if os.geteuid() == 0:  # the command is a child process, which the fixture's stand-in for os.access cannot reach
+        pytest.skip("running as root: a chmod'ed folder stays writable for the command (tested in-process above)")
     proc = cli("kvstudy", *RUN, f"hydra.run.dir={read_only / 'r'}")
     one_line(proc.returncode, proc.stderr, f"hydra.run.dir={read_only / 'r'}: cannot be created: {read_only} is not "
                                            f"writable")

@@ -1,5 +1,5 @@
-"""The command line of ``python -m kvstudy`` before Hydra sees it: output folders that are files, and the policy's
-keys on a sweep that chooses the policy.
+"""The command line of ``python -m kvstudy`` before Hydra sees it: the policy's keys on a sweep that chooses the
+policy. (Output folders are checked by the sweep callback before Hydra makes them: kvstudy/running/sweep_callback.py.)
 
 A sweep over policies (``-m +policy=rr,rr_sjf``, ``+algo=a,b``, or an experiment whose sweep lists either) has no policy when
 Hydra composes its primary config, so a ``policy.K=V`` there fails with "Key 'policy' is not in struct". Such a key
@@ -15,7 +15,6 @@ from typing import List
 
 from omegaconf import OmegaConf
 
-from kvstudy.errors import ConfigError
 from kvstudy.running.paths import CONF_DIR
 from kvstudy.config.validate import search_dirs, split_command_line
 
@@ -48,19 +47,11 @@ def policy_is_swept(argv: List[str]) -> bool:
     return swept
 
 
-def _check_folders(argv: List[str]) -> None:
-    for arg in argv:
-        key, _, value = arg.lstrip("+").partition("=")
-        if key in ("hydra.run.dir", "hydra.sweep.dir") and value and Path(value).exists() and not Path(value).is_dir():
-            raise ConfigError(f"{key}={value}: is a file, not a folder; choose another folder")
-
-
 def command_line(argv: List[str]) -> List[str]:
     """``argv`` as Hydra should see it (module docstring): the overrides first, then Hydra's flags as its own parser
     read them (``--cfg job +policy=mcsf`` is ``+policy=mcsf --cfg=job``: argparse takes overrides after a flag's
     value only if no override came before it, kvstudy/config/validate.py ``split_command_line``)."""
     argv, flags, _ = split_command_line(argv)
-    _check_folders(argv)
     if policy_is_swept(argv):
         argv = [f"++{arg}" if arg.startswith("policy.") and "=" in arg else arg for arg in argv]
     return argv + flags

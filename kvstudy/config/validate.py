@@ -275,14 +275,10 @@ def _parser():
     return OverridesParser.create()
 
 
-def check_syntax(argv: Iterable[str]) -> None:
+def check_syntax(overrides: Iterable[str]) -> None:
     """An override Hydra's grammar cannot read (``seed=[1,``, ``policy.margin`` without a value), in one line
-    instead of Hydra's three. The overrides are what Hydra's own parser takes for overrides (``split_command_line``:
-    a flag's value, ``--cfg job``, is no override), so this check and Hydra's agree."""
-    _check_syntax(split_command_line(argv)[0])
-
-
-def _check_syntax(overrides: Iterable[str]) -> None:
+    instead of Hydra's three. ``overrides``: what Hydra's own parser takes for overrides (``split_command_line``: a
+    flag's value, ``--cfg job``, is no override), so this check and Hydra's agree."""
     from hydra.errors import HydraException
 
     for arg in overrides:
@@ -320,7 +316,7 @@ def check_overrides(argv: Iterable[str]) -> None:
     Values are checked after composition (``check_config``), so that a sweep's bad value fails its own run only."""
     overrides, _, args = split_command_line(argv)
     check_flags(args)
-    _check_syntax(overrides)
+    check_syntax(overrides)
     check_group_choices(overrides)
     groups = {p.name for p in CONF_DIR.iterdir() if p.is_dir()}
     dirs = tuple(str(d) for d in search_dirs(overrides))

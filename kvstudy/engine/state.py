@@ -121,13 +121,6 @@ class RunState:
         """Requests waiting, running or swapped out."""
         return len(self.waiting) + len(self.running) + len(self.swapped)
 
-    def idle(self) -> bool:
-        return not self.waiting and not self.running and not self.swapped
-
-    def context(self, i: int) -> int:
-        """Request i's prompt + generated tokens (exact for requests off the decode clock)."""
-        return self.prompt[i] + self.clock.tokens[i]
-
     def ids(self, indices, most: int = 8) -> str:
         """Request ids for a message: ``request(s) 3, 17, 21``, ``none``, or the first ``most`` and how many more."""
         ids = [self.request_id[i] for i in indices]

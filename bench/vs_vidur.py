@@ -56,6 +56,9 @@ class VidurKeys:
         return self.inner.iteration_seconds([(c, k + c) for c, k in chunks], num_decodes,
                                             decode_context_sum + 2 * num_decodes)
 
+    def decode_run_seconds(self, num_decodes, decode_context_sum, count):
+        return self.inner.decode_run_seconds(num_decodes, decode_context_sum + 2 * num_decodes, count)
+
     def describe(self):
         return {**self.inner.describe(), "keys": "vidur"}
 

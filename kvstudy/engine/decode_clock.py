@@ -102,11 +102,30 @@ class DecodeClock:
         D = self.ticks
         return {i for i in due if self.on_clock[i] and s[i] + self.tokens[i] + D - self.joined_at[i] > held.get(i, 0) * bs}
 
-    def grown(self, grew) -> None:
-        """The requests in ``grew`` took their block in this count's iteration: schedule their next one."""
-        self.grow_at.pop(self.ticks, None)
+    def grow_if_room(self, hold, room: int) -> bool:
+        """This count's growing requests (``growing``) take their blocks (``grow``) if they are at most ``room``;
+        returns whether they did (a decode run's step in one call: kvstudy/engine/loop.py ``_decode_run``)."""
+        due = self.growing()
+        if len(due) > room:
+            return False
+        self.grow(due, hold)
+        return True
+
+    def grow(self, grew, hold) -> None:
+        """The requests in ``grew`` take the block their context grew into in this count's iteration
+        (``hold(request, blocks)``: the memory model's), and their next boundary is scheduled (``_next_growth``,
+        inlined: this runs for every block every request fills)."""
+        D, bs, s, o, held, grow_at = self.ticks, self.bs, self.s, self.o, self.held, self.grow_at
+        tokens, joined = self.tokens, self.joined_at
+        grow_at.pop(D, None)
         for i in grew:
-            self._next_growth(i, self.tokens[i] + self.ticks - self.joined_at[i])
+            g = tokens[i] + D - joined[i]
+            hold(i, (s[i] + g + bs - 1) // bs)
+            g_star = held[i] * bs - s[i] + 1
+            if g_star < g:
+                g_star = g
+            if g_star < o[i]:
+                grow_at[D + g_star - g].append(i)
 
     def reschedule_growth(self, i: int) -> None:
         """Request i's holding changed (a reservation): its next boundary moves."""

@@ -99,6 +99,7 @@ class StepEngine:
         self.at_start = self.paper and bool(getattr(latency, "stamps_at_start", False))
         self.needs_generated = bool(getattr(latency, "needs_generated", False))
         self.seconds = self._timer(latency, self.needs_generated)
+        self.run_seconds = self._run_timer(latency)
         self.overlap = bool(swap.overlap)  # copies overlap compute: an iteration takes the longer of the two
         self.blocks_out = self.blocks_in = 0  # blocks swapped out / in by the iteration under way
         self.policy_seconds = 0.0  # wall time inside the policy (CacheOPT's Sec. 5.3 scheduling overhead)
@@ -112,6 +113,17 @@ class StepEngine:
         if needs_generated:
             return lambda chunks, n, ctx, gen: float(call(chunks, n, ctx, decode_generated_sum=gen))
         return lambda chunks, n, ctx, gen: float(call(chunks, n, ctx))
+
+    @staticmethod
+    def _run_timer(latency):
+        """``run_seconds(decodes, their cached context, count)``: the latency model's seconds of ``count`` decode-only
+        iterations in a row (its optional ``decode_run_seconds``, kvstudy/latency/models.py; vectorised for Vidur's
+        tables), or None: the engine asks ``iteration_seconds`` iteration by iteration."""
+        if type(latency) is VidurLatency:
+            return latency.tables.decode_run_seconds
+        if getattr(latency, "needs_generated", False):
+            return None  # no model that reads produced tokens has one
+        return getattr(latency, "decode_run_seconds", None)
 
     # --- set-up -------------------------------------------------------------------------------------------------
     def _begin(self) -> None:
@@ -162,6 +174,9 @@ class StepEngine:
         name = getattr(policy, "name", type(policy).__name__)
         view = StepView(self, 0, 0.0)  # its containers are the engine's own: one view serves every step
         overflow = getattr(policy, "overflow_victims", None)  # the engine detects overflow for this policy
+        # decode-only iterations the policy promises to repeat are advanced without asking it (issue 47); not while
+        # events are recorded (each iteration's decodes are listed) or the engine checks overflow before each step
+        spare = policy.steady_spare(view) if self.events is None and overflow is None else None
         # the adapter on the paper's memory holds just the positions it validated and has no capacity to check
         # (constraint (3): admissions are not charged; an overflow is caught at the next round): not checked here
         check, tracks, num_blocks = not (self.paper and self.adapted), mem.tracks_blocks, mem.num_blocks
@@ -212,7 +227,12 @@ class StepEngine:
                 except PolicyError as exc:
                     raise located(self, exc, step, t) from None
                 if decode_only and not (st.prefilling or st.reserved) and running:
-                    dt, stamp, finished, kv = self._decode_only(t)  # 4-7 for the most common iteration
+                    if spare is None or swapped:
+                        dt, stamp, finished, kv = self._decode_only(t)  # 4-7 for the most common iteration
+                    else:  # and the decode-only iterations after it the policy promised (steady_spare)
+                        limit = min(next_time, horizon) if cluster else next_time
+                        t, dt, stamp, finished, kv, run = self._decode_run(t, limit, self.max_iterations - step, spare)
+                        step += run - 1
                     produced = True
                 else:
                     batch = self._apply(d, t)  # 4. apply
@@ -369,15 +389,60 @@ class StepEngine:
         st.decode_prompt_tokens -= left_prompts
         return dt, stamp, finished, ctx_now + n_dec
 
+    def _decode_run(self, t: float, limit: float, max_run: int, spare: int):
+        """The decided decode-only iteration and the ones after it that the policy's ``steady_spare`` promise
+        covers, each exactly as ``_decode_only`` runs it: it goes on while no request finished in the last one, the
+        next one starts before ``limit`` (the next arrival; in a cluster also the horizon), the growing requests
+        find their blocks with ``spare`` to spare, and ``max_run`` (engine.max_iterations) allows. Returns (the last
+        iteration's start, its seconds, its token stamp, the requests that finished in it, its decoders' KV tokens,
+        how many iterations ran)."""
+        st, mem = self.state, self.memory
+        clock = st.clock
+        grow_at, tick, rows, seconds = clock.grow_at, clock.tick, self.rows, self.seconds
+        n, ctx, prompts = len(st.running), st.decode_context_tokens, st.decode_prompt_tokens
+        at_start, overlap, run_seconds = self.at_start, self.overlap, self.run_seconds
+        if st.growing or clock.ticks in grow_at:
+            self._grow_blocks()
+        run, ahead, at, block = 0, [], 0, 32  # ahead: the next iterations' seconds, asked in blocks
+        while True:
+            if at < len(ahead):
+                dt = ahead[at]
+                at += 1
+            else:
+                compute = seconds(NO_CHUNKS, n, ctx, ctx + n - prompts)
+                dt = max(compute, 0.0) if overlap else compute + 0.0
+                room = (limit - t) / dt if run and dt > 0.0 and run_seconds else 0.0  # iterations to the limit
+                if room > 8:  # a run under way with room ahead: ask in a block
+                    count = min(block if room >= block else int(room) + 1, max_run - run - 1)
+                    ahead = run_seconds(n, ctx + n, count)
+                    ahead = [max(c, 0.0) for c in ahead] if overlap else [c + 0.0 for c in ahead]
+                    at, block = 0, min(2 * block, 1024)
+            stamp = t if at_start else t + dt
+            finished = tick(stamp)
+            rows.decode_only(t, dt, n, ctx + n)
+            run += 1
+            if finished or run >= max_run or t + dt >= limit:
+                break
+            # the next iteration's growing requests take their blocks if the promise's condition holds; else the
+            # policy decides (the loop's next pass computes the same growing set for it)
+            if grow_at.get(clock.ticks):
+                if not clock.grow_if_room(mem.hold, mem.free - spare):
+                    break
+            elif spare > mem.free:  # nobody grows, but the policy wants blocks to spare (vLLM: one at each turn)
+                break
+            t += dt
+            ctx += n
+        left_ctx, left_prompts = self._leave_clock(finished) if finished else (0, 0)
+        st.decode_context_tokens = ctx + n - left_ctx
+        st.decode_prompt_tokens = prompts - left_prompts
+        return t, dt, stamp, finished, ctx + n, run
+
     def _grow_blocks(self) -> None:
         """The running requests on the decode clock whose context crosses a block boundary now take their block (the
         caller checks first that some may: ``growing``, or a boundary due at this tick; never on the paper's memory)."""
         st, mem = self.state, self.memory
-        clock, s, bs = st.clock, st.prompt, mem.block_size
-        grew = [i for i in st.growing if clock.on_clock[i]]  # preempted ones are off the clock
-        for i in grew:
-            mem.hold(i, (s[i] + clock.generated(i) + bs - 1) // bs)
-        clock.grown(grew)
+        on_clock = st.clock.on_clock
+        st.clock.grow([i for i in st.growing if on_clock[i]], mem.hold)  # preempted ones are off the clock
 
     def _leave_clock(self, finished):
         """The requests that produced their last token leave the decode clock; returns (their cached contexts, their

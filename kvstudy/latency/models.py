@@ -42,6 +42,11 @@ class LatencyModel:
     #: True: ``iteration_seconds`` also takes ``decode_generated_sum``, the sum over the decodes of the tokens each
     #: has produced so far (its prompt not counted); the engines compute it only for a model that asks
     needs_generated = False
+    #: Optional, for speed: ``decode_run_seconds(num_decodes, decode_context_sum, count) -> list``, the seconds of
+    #: ``count`` decode-only iterations in a row of the same requests, the context sum growing by ``num_decodes`` in
+    #: each, every value equal to ``iteration_seconds`` of that iteration (fewer allowed: the engine asks
+    #: ``iteration_seconds`` for the rest, so an out-of-range error comes from the iteration that is out of range).
+    #: The engine's decode runs use it (issue 47); VidurLatency has it, vectorised.
 
     def iteration_seconds(self, prefill_chunks: Chunks, num_decodes: int, decode_context_sum: int) -> float:
         raise NotImplementedError
@@ -131,6 +136,9 @@ class VidurLatency(LatencyModel):
 
     def iteration_seconds(self, prefill_chunks, num_decodes, decode_context_sum) -> float:
         return self.tables.iteration_seconds(prefill_chunks, num_decodes, decode_context_sum)
+
+    def decode_run_seconds(self, num_decodes, decode_context_sum, count, decode_generated_sum=0) -> list:
+        return self.tables.decode_run_seconds(num_decodes, decode_context_sum, count)
 
     def describe(self) -> dict:
         return {"name": self.name, **self.info}

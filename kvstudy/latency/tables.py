@@ -182,6 +182,25 @@ class VidurTables:
         ms = self.layers_per_stage * layer * self.stages + (self.stages - 1) * self.send_recv_ms[rounded]
         return ms * 1e-3
 
+    def decode_run_seconds(self, num_decodes: int, decode_context_sum: int, count: int) -> list:
+        """``iteration_seconds`` of ``count`` decode-only iterations of the same ``num_decodes`` requests, the
+        context sum growing by ``num_decodes`` in each, in one vectorised lookup (the engine's decode runs, issue 47).
+        The same operations in the same order as ``iteration_seconds``, so every value is bit-identical to it; the
+        list stops before the first iteration outside the trained range (``iteration_seconds`` raises there)."""
+        n = num_decodes
+        rounded = (n + 7) // 8 * 8
+        decode_ms = self.decode_ms
+        if count <= 0 or n <= 0 or rounded >= len(self.per_token_ms) or n >= decode_ms.shape[0]:
+            return []
+        g = self.kv_granularity
+        # (ctx + k n) // n == ctx // n + k: the mean context of iteration k
+        kv_idx = -(-(decode_context_sum // n + np.arange(count)) // g)
+        kv_idx = kv_idx[:int(np.searchsorted(kv_idx, decode_ms.shape[1]))]  # ascending: in range up to there
+        attn = decode_ms[n, kv_idx]
+        layer = self.per_token_ms[rounded] + (attn * (1.0 + self.decode_overhead) if n > 1 else attn)
+        ms = self.layers_per_stage * layer * self.stages + (self.stages - 1) * self.send_recv_ms[rounded]
+        return (ms * 1e-3).tolist()
+
     def save(self, path: Path) -> None:
         """Atomic: a concurrent reader sees the old file or the complete new one."""
         meta = json.dumps({"layers_per_stage": self.layers_per_stage, "stages": self.stages,

@@ -29,7 +29,7 @@ produces its first token with its prefill and the other o - 1 in decode iteratio
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -139,3 +139,13 @@ class StepPolicy:
 
     def step(self, view: StepView) -> Decision:
         raise NotImplementedError
+
+    def steady_spare(self, view: StepView) -> Optional[int]:
+        """The policy's promise that lets the engine advance decode-only iterations without asking it (issue 47):
+        None (the default) promises nothing, and ``step`` is asked before every iteration. An integer ``spare``
+        promises: after a step whose decision is decode-only (``Decision(decode_all=True)``, nothing else), at every
+        later step reached with no arrival, no completion, no preemption or swap and nothing in prefill, where the
+        only change is that running requests decoded and took the blocks they grew into, the decision is decode-only
+        again as long as ``len(view.growing) + spare <= view.memory.free``; and skipping such steps changes nothing
+        the policy keeps. Asked once per run, before the first step."""
+        return None

@@ -192,6 +192,16 @@ class VLLM(StepPolicy):
                 break
             plan.start_prefill(i, blocks, chunk)
 
+    def steady_spare(self, view: StepView) -> Optional[int]:
+        """Both schedules decode every running request, preempting nobody, while the growing requests find their
+        blocks with ``_spare`` to spare; with nothing swapped a waiting request that could not start cannot start
+        later either while free blocks only fall and the running count stays (``_head_fits`` and
+        ``_schedule_prefills`` are monotone in ``free``): the engine may advance such steps in a run (issue 47). The
+        promise covers vLLM's and Sarathi's own ``step``; a subclass that changes ``step`` makes its own."""
+        if type(self).step not in (VLLM.step, Sarathi.step):
+            return None
+        return _spare(view)
+
     # --- vLLM V0 _schedule_default --------------------------------------------------------------------
     def step(self, view: StepView) -> Decision:
         budget = self.token_budget(view)

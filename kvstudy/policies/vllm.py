@@ -90,8 +90,8 @@ class VLLM(StepPolicy):
 
     # --- pieces shared with Sarathi -----------------------------------------------------------------
     def _running(self, view: StepView) -> List[int]:
-        if self.running_order == "arrival":
-            return sorted(view.running, key=lambda i: (view.arrival[i], i))
+        if self.running_order == "arrival":  # by (arrival, index): the engine's indices are in arrival order already
+            return sorted(view.running)
         return list(view.running)
 
     def _preempt(self, view: StepView, plan: _Plan, i: int) -> None:
@@ -123,16 +123,32 @@ class VLLM(StepPolicy):
         """vLLM's ``_schedule_running`` over ``queue`` (the running list in this policy's order): front to back,
         preempting from the back when a request cannot get its block; every request not preempted decodes."""
         prefilling, growing, decoded, spare = [], view.growing, 0, _spare(view)
-        while queue:
-            i = queue.pop(0)
-            if skip_prefilling and view.in_prefill(i):
+        # queue[lo:hi] is still to walk; victims come from its back. A request neither growing nor skipped needs no
+        # block: while ``spare`` blocks are free it just decodes, so the walk jumps to the next request that needs
+        # a look (the same decisions as visiting each; this runs whenever a block is short)
+        in_prefill = view.in_prefill
+        look = [k for k, i in enumerate(queue) if i in growing or (skip_prefilling and in_prefill(i))]
+        lo, hi, next_look = 0, len(queue), 0
+        while lo < hi:
+            if plan.free >= spare:
+                while next_look < len(look) and look[next_look] < lo:
+                    next_look += 1
+                to = min(look[next_look], hi) if next_look < len(look) else hi
+                decoded += to - lo
+                lo = to
+                if lo >= hi:
+                    break
+            i = queue[lo]
+            lo += 1
+            if skip_prefilling and in_prefill(i):
                 prefilling.append(i)
                 continue
             need = view.decode_blocks_needed(i) if i in growing else 0  # only a growing request needs a block
             # vLLM's can_append_slots (and Vidur) ask for one free block at every decode's turn, taken only if needed
             while plan.free < max(need, spare):
-                if queue:
-                    self._preempt(view, plan, queue.pop())
+                if lo < hi:
+                    hi -= 1
+                    self._preempt(view, plan, queue[hi])
                 else:
                     self._preempt(view, plan, i)
                     break

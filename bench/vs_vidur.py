@@ -3,8 +3,9 @@
     python bench/vs_vidur.py agree [N]   # agreement tables: vllm and sarathi vs Vidur's, N=10,000 requests of
                                          # Splitwise conv (overload) and LMSYS-like at 10 req/s (moderate load)
     python bench/vs_vidur.py spread [N] [SEEDS]   # the moderate-load gaps over LMSYS-like seeds (default 0-4)
-    python bench/vs_vidur.py speed [WORKLOAD:N[:REPLICAS] ...] [--router=R]   # speed: kvstudy vllm vs Vidur's vllm
-                                         # (default 1k-100k, one replica; R one of round_robin, random, lor)
+    python bench/vs_vidur.py speed [WORKLOAD:N[:REPLICAS] ...] [--router=R] [--scheduler=S]   # speed: kvstudy vs
+                                         # Vidur, scheduler S (vllm, the default, or sarathi) on both (default 1k-100k,
+                                         # one replica; R one of round_robin, random, lor)
     python bench/vs_vidur.py cluster [N] [REPLICAS] [WORKLOAD ...]   # issue 37: N requests (10,000) on REPLICAS (4)
                                          # replicas behind Vidur's three global schedulers and kvstudy's routers
     python bench/vs_vidur.py --one ENGINE WORKLOAD N SCHEDULER MODE   (internal: one run in a fresh process)
@@ -276,22 +277,23 @@ def spread(n: int, seeds=(0, 1, 2, 3, 4)) -> None:
                 f"{np.mean(g):+.1f} [{np.min(g):+.1f}, {np.max(g):+.1f}]" for g in cells) + " |")
 
 
-def speed(plan=None, router: str = "round_robin") -> None:
+def speed(plan=None, router: str = "round_robin", scheduler: str = "vllm") -> None:
     """kvstudy (best of 3) and Vidur (once) back to back for each size: the machine's speed drifts. A plan entry is
-    (workload, requests[, replicas]); several replicas sit behind ``router`` (Vidur's name)."""
+    (workload, requests[, replicas]); several replicas sit behind ``router`` (Vidur's name); ``scheduler`` vllm or
+    sarathi on both sides."""
     plan = plan or [("splitwise_conv", 1000), ("splitwise_conv", 10000), ("lmsys", 1000), ("lmsys", 10000),
                     ("lmsys", 100000)]
-    print("| workload | requests | replicas | kvstudy vllm run s | Vidur vllm run s | speed-up | kvstudy peak RSS MB | "
-          "Vidur peak RSS MB |")
+    print(f"| workload | requests | replicas | kvstudy {scheduler} run s | Vidur {scheduler} run s | speed-up | "
+          f"kvstudy peak RSS MB | Vidur peak RSS MB |")
     print("|---|---|---|---|---|---|---|---|")
     for workload, n, *rest in plan:
         replicas = rest[0] if rest else 1
         # kvstudy's runs are short and noisy: best of three fresh processes; Vidur's long runs once
-        tries = [measure("kvstudy", workload, n, "vllm", "aligned", replicas=replicas, router=router)
+        tries = [measure("kvstudy", workload, n, scheduler, "aligned", replicas=replicas, router=router)
                  for _ in range(3)]
         ok = [t for t in tries if t.get("run_seconds")]
         k = min(ok, key=lambda t: t["run_seconds"]) if ok else tries[0]
-        v = measure("vidur", workload, n, "vllm", "vidur", replicas=replicas, router=router)
+        v = measure("vidur", workload, n, scheduler, "vidur", replicas=replicas, router=router)
         ratio = v["run_seconds"] / k["run_seconds"] if k.get("run_seconds") and v.get("run_seconds") else None
         fmt = lambda x, f="{:.2f}": f.format(x) if isinstance(x, (int, float)) else str(x)
         print(f"| {workload} | {n} | {replicas} | {fmt(k.get('run_seconds'))} | {fmt(v.get('run_seconds') or v.get('note'))} | "
@@ -311,8 +313,10 @@ if __name__ == "__main__":
                tuple(int(x) for x in sys.argv[3].split(",")) if len(sys.argv) > 3 else (0, 1, 2, 3, 4))
     elif len(sys.argv) > 1 and sys.argv[1] == "speed":
         # e.g. splitwise_conv:10000, or splitwise_conv:10000:4 (4 replicas); --router=lor (default round_robin)
+        # --scheduler=sarathi (default vllm)
         routers = [a.split("=", 1)[1] for a in sys.argv[2:] if a.startswith("--router=")]
+        schedulers = [a.split("=", 1)[1] for a in sys.argv[2:] if a.startswith("--scheduler=")]
         sizes = [(p[0], *map(int, p[1:])) for p in (a.split(":") for a in sys.argv[2:] if not a.startswith("--"))]
-        speed(sizes or None, *routers)
+        speed(sizes or None, (routers or ["round_robin"])[0], (schedulers or ["vllm"])[0])
     else:
         agree(int(sys.argv[2]) if len(sys.argv) > 2 else 10000, tuple(sys.argv[3:]) or ("splitwise_conv", "lmsys"))

@@ -1,7 +1,8 @@
 """MC-SF and MC-Benchmark decide from an order the engine keeps as requests join and leave the queue, and stop at
-the first request that fails eq. (5) (issue 27): the same decisions as the general path, admit(view, order(view)),
-which sorts the whole queue every iteration. Checked on single views and on whole runs with noisy predictions,
-clearing events, re-queued requests, the Fig. 5 remedy and ties."""
+the first request that fails eq. (5) (issue 27), with eq. (5)'s check of the running set kept while that set stays
+(issue 47): the same decisions as the general path, admit(view, order(view)), which sorts the whole queue and builds
+the check afresh every iteration. Checked on single views and on whole runs with noisy predictions, clearing events,
+re-queued requests, the Fig. 5 remedy and ties; and the kept check, moved on by some rounds, against one built then."""
 import numpy as np
 import pytest
 
@@ -76,3 +77,23 @@ def test_whole_runs_identical_to_the_general_path(cls, seed):
         assert fast.status == slow.status and fast.clearing_events == slow.clearing_events
         assert fast.requests.equals(slow.requests)
         assert fast.iterations.equals(slow.iterations)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_kept_check_moved_on_equals_one_built_then(seed):
+    """FutureMemory.shifted(r): the running set r decode rounds later (each w + r, each d - r), as built afresh:
+    the same check points, memory at them, terms, and the same answers for candidates."""
+    from kvstudy.policies.memory_check import FutureMemory
+
+    rng = np.random.default_rng(seed)
+    k = int(rng.integers(0, 40))
+    w, d = rng.integers(1, 300, k), rng.integers(-3, 60, k)
+    capacity = int(rng.integers(200, 5000))
+    base = FutureMemory(capacity, w, d)
+    for rounds in (0, 1, 2, 5, 17, 70):
+        moved, fresh = base.shifted(rounds), FutureMemory(capacity, w + rounds, d - rounds)
+        for name in ("pts", "gained", "mem", "w", "d"):
+            assert np.array_equal(getattr(moved, name), getattr(fresh, name)), (rounds, name)
+        for _ in range(5):
+            cw, cd = int(rng.integers(1, 300)), int(rng.integers(1, 60))
+            assert moved.try_add(cw, cd) == fresh.try_add(cw, cd)

@@ -36,7 +36,13 @@ One iteration, in phases (``StepEngine.loop``):
 7. **record**: the iteration's row (records.py), then the requests that produced their last token finish.
 
 The most common iteration (every running request decodes, nothing else happens) runs as one function of the same
-phases (``_decode_only``), with the general path's helpers.
+phases (``_decode_only``), with the general path's helpers. A policy that promises its decode-only decision repeats
+(``StepPolicy.steady_spare``: vLLM's and Sarathi's steps) gets a *decode run* instead (``_decode_run``, issue 47): the
+iterations after the decided one run without asking it, each exactly as ``_decode_only`` would, until a request
+finishes, the next iteration would start at or past the next arrival (in a cluster, the horizon), or the growing
+requests would not find their blocks with the promised spare; their seconds come from the latency model's
+``decode_run_seconds`` when it has one (Vidur's tables: one vectorised lookup). Not while events are recorded or the
+engine checks overflow before each step (an adapted admission policy).
 
 Rejected up front, each with ``reject_reason``: a request the memory model can never serve (``memory.rejection``);
 on paged memory also, when preempted, a request whose recompute (prompt + generated tokens) can_allocate calls

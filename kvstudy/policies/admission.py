@@ -87,6 +87,13 @@ class _View(SchedulerView):
                 "running_generated": g - 1, "running_predicted": self._a._pred[run] - self._a._shift,
                 "running_arrival": self._a._arrival[run]}
 
+    def running_signature(self):
+        """The running set changes only by this adapter's admissions and evictions (each counted in ``_changes``) and
+        by completions (which shorten the list); the run's token keeps keys of two runs apart. Every running request
+        decodes in every counted iteration, so the decode count is the rounds."""
+        a, sv = self._a, self._sv
+        return (a._run, a._changes, len(sv.running)), sv.decode_count
+
     def __getattr__(self, name: str):
         if name not in SchedulerView.ARRAYS:
             raise AttributeError(name)
@@ -217,6 +224,8 @@ class Admission(StepPolicy):
         self._duplicates = None  # MC-SF's prefix-aware eq. (5): the last duplicate_blocks answer and when it was made
         self._n = 0
         self._prompt = None
+        self._run = object()  # this run, for running_signature: a key of another run never equals one of this
+        self._changes = 0  # admissions and evictions so far (running_signature)
 
     def _bind(self, sv) -> None:
         """First step of a run: the per-request arrays (requests never change during a run)."""
@@ -310,6 +319,7 @@ class Admission(StepPolicy):
             drop = set(chosen.tolist())
             self._waiting = [w for k, w in enumerate(waiting) if k not in drop]
         count, off = sv.decode_count, self._off
+        self._changes += 1
         for i in admitted:
             off[i] = count - gen[i]
         return Decision(prefill=[(i, prompt[i] + gen[i]) for i in admitted], decode_all=True)
@@ -324,6 +334,7 @@ class Admission(StepPolicy):
         run = sv.running
         chosen = positions(self.policy.on_overflow(view), len(run), "eviction", self.name)
         victims = [run[k] for k in chosen.tolist()]
+        self._changes += 1
         if self.raise_on_eviction and victims:
             # the paper's memory only (the engine refuses the setting elsewhere): the paper loop's rule, an evicted
             # request's prediction rises to at least one more than the tokens it had produced (g, its prompt round's

@@ -51,6 +51,13 @@ class SchedulerView:
     def num_waiting(self) -> int:
         return len(self.waiting_ids)
 
+    def running_signature(self):
+        """``(key, rounds)``: two views of one run with equal ``key`` show the same running requests, in the same
+        order, each having completed exactly ``rounds`` (later) - ``rounds`` (earlier) more decode rounds in the later
+        one; or None when unknown (this class: arrays given). A policy may keep what it computed from the running
+        arrays while the key stays (MC-SF's eq. (5), kvstudy/policies/mcsf.py)."""
+        return None
+
     def kv_need(self, tokens):
         """The KV ``tokens`` of context occupy: themselves on the paper's memory, whole blocks on paged memory."""
         bs = self.block_size

@@ -46,7 +46,28 @@ class PrefixFutureMemoryPolicy(Policy):
         self.admission, self.avg_batch_time = admission, float(avg_batch_time)
         self.prefix_aware = prefix_aware
 
+    def reset(self, seed: int) -> None:
+        super().reset(seed)
+        self._kept = None  # eq. (5)'s check of the running set, kept while that set stays (``_memory``)
+
     def _memory(self, view: SchedulerView, budget: int):
+        """Eq. (5)'s check of the running requests, to which the walk adds candidates. On the paper's memory the
+        check built for a running set is kept and moved on by the rounds since (``FutureMemory.shifted``: exact)
+        while the view says the set is the same (``running_signature``), instead of being rebuilt each iteration:
+        it changes only when a request is admitted, finishes or is evicted (issue 47)."""
+        plain = view.block_size is None and self.admission != "authors_code" and not self.prefix_aware
+        signature = view.running_signature() if plain else None
+        if signature is not None:
+            key, rounds = signature
+            kept = getattr(self, "_kept", None)
+            if kept is not None and kept[0] == key and kept[1] == budget:
+                return kept[2].shifted(rounds - kept[3])
+        memory = self._build_memory(view, budget)
+        if signature is not None:
+            self._kept = (key, budget, memory, rounds)
+        return memory
+
+    def _build_memory(self, view: SchedulerView, budget: int):
         w, d = running_terms(view)
         if self.prefix_aware:  # shared blocks charged to their longest-lived holder only
             w = w - view.block_size * view.duplicate_blocks(d)
@@ -57,8 +78,9 @@ class PrefixFutureMemoryPolicy(Policy):
         return FutureMemory(budget, w, d)
 
     def admit(self, view: SchedulerView, order: np.ndarray) -> np.ndarray:
+        """The general path (the reference ``schedule`` is tested against): the check built afresh."""
         budget = int(np.floor((1.0 - self.margin) * view.capacity))
-        memory = self._memory(view, budget)
+        memory = self._build_memory(view, budget)
         prompts, predicted = view.waiting_prompt, view.waiting_predicted
         taken = 0
         for pos in order:

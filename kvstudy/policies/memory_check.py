@@ -50,6 +50,24 @@ class FutureMemory:
             pts = gained = mem = np.empty(0, dtype=np.int64)
         self.pts, self.gained, self.mem = pts, gained, mem
 
+    def shifted(self, rounds: int) -> "FutureMemory":
+        """This check ``rounds`` decode rounds later, when every running request has decoded that many more tokens:
+        each w rises and each d falls by ``rounds``, so at a point tau - rounds memory is what it was at tau (the same
+        requests, each holding as much): the points move down by ``rounds``, those below 1 drop out, and memory at
+        the rest is unchanged. Exact (integers); what MC-SF's policy reuses while the running set stays (issue 47).
+        Only for eq. (5) itself (``steps`` None) and a check nothing was added to."""
+        out = FutureMemory.__new__(FutureMemory)
+        out.capacity, out.steps = self.capacity, None
+        if rounds == 0:
+            out.w, out.d, out.pts, out.gained, out.mem = self.w, self.d, self.pts, self.gained, self.mem
+            return out
+        keep = self.d >= 1 + rounds
+        out.w, out.d = self.w[keep] + rounds, self.d[keep] - rounds
+        first = int(np.searchsorted(self.pts, 1 + rounds))
+        out.pts = out.gained = self.pts[first:] - rounds
+        out.mem = self.mem[first:]
+        return out
+
     def fits(self) -> bool:
         return bool(len(self.mem) == 0 or self.mem.max() <= self.capacity)
 

@@ -88,11 +88,15 @@ class _View(SchedulerView):
                 "running_arrival": self._a._arrival[run]}
 
     def running_signature(self):
-        """The running set changes only by this adapter's admissions and evictions (each counted in ``_changes``) and
-        by completions (which shorten the list); the run's token keeps keys of two runs apart. Every running request
-        decodes in every counted iteration, so the decode count is the rounds."""
+        """Requests join the running set only by this adapter's admissions; an eviction (counted in ``_evictions``)
+        changes the key, and so does another run (its token). Every running request decodes in every counted
+        iteration (an overflow event counts none, and evicts), so the decode count is the rounds; members are engine
+        indices."""
         a, sv = self._a, self._sv
-        return (a._run, a._changes, len(sv.running)), sv.decode_count
+        return (a._run, a._evictions), sv.decode_count, sv.running
+
+    def waiting_member(self, pos: int) -> int:
+        return self._a._waiting[pos]
 
     def __getattr__(self, name: str):
         if name not in SchedulerView.ARRAYS:
@@ -225,7 +229,7 @@ class Admission(StepPolicy):
         self._n = 0
         self._prompt = None
         self._run = object()  # this run, for running_signature: a key of another run never equals one of this
-        self._changes = 0  # admissions and evictions so far (running_signature)
+        self._evictions = 0  # overflow events so far (running_signature)
 
     def _bind(self, sv) -> None:
         """First step of a run: the per-request arrays (requests never change during a run)."""
@@ -319,7 +323,6 @@ class Admission(StepPolicy):
             drop = set(chosen.tolist())
             self._waiting = [w for k, w in enumerate(waiting) if k not in drop]
         count, off = sv.decode_count, self._off
-        self._changes += 1
         for i in admitted:
             off[i] = count - gen[i]
         return Decision(prefill=[(i, prompt[i] + gen[i]) for i in admitted], decode_all=True)
@@ -334,7 +337,7 @@ class Admission(StepPolicy):
         run = sv.running
         chosen = positions(self.policy.on_overflow(view), len(run), "eviction", self.name)
         victims = [run[k] for k in chosen.tolist()]
-        self._changes += 1
+        self._evictions += 1
         if self.raise_on_eviction and victims:
             # the paper's memory only (the engine refuses the setting elsewhere): the paper loop's rule, an evicted
             # request's prediction rises to at least one more than the tokens it had produced (g, its prompt round's

@@ -52,11 +52,17 @@ class SchedulerView:
         return len(self.waiting_ids)
 
     def running_signature(self):
-        """``(key, rounds)``: two views of one run with equal ``key`` show the same running requests, in the same
-        order, each having completed exactly ``rounds`` (later) - ``rounds`` (earlier) more decode rounds in the later
-        one; or None when unknown (this class: arrays given). A policy may keep what it computed from the running
-        arrays while the key stays (MC-SF's eq. (5), kvstudy/policies/mcsf.py)."""
+        """``(key, rounds, members)`` or None when unknown (this class: arrays given). ``members``: the running
+        requests, named as ``waiting_member`` names waiting ones (in the running arrays' order). Between two views of
+        one run with equal ``key``, a request joins the running set only by this policy's admissions, and every
+        request running in both has completed exactly the difference of their ``rounds`` more decode rounds. A policy
+        may keep what it computed from the running arrays and bring it up to date instead (MC-SF's eq. (5),
+        kvstudy/policies/mcsf.py)."""
         return None
+
+    def waiting_member(self, pos: int):
+        """The name ``running_signature`` gives the waiting request at ``pos`` once it runs."""
+        raise NotImplementedError
 
     def kv_need(self, tokens):
         """The KV ``tokens`` of context occupy: themselves on the paper's memory, whole blocks on paged memory."""

@@ -48,24 +48,30 @@ class PrefixFutureMemoryPolicy(Policy):
 
     def reset(self, seed: int) -> None:
         super().reset(seed)
-        self._kept = None  # eq. (5)'s check of the running set, kept while that set stays (``_memory``)
+        self._kept = None  # eq. (5)'s check after the last walk, and what it needs to be reused (``_memory``)
 
     def _memory(self, view: SchedulerView, budget: int):
-        """Eq. (5)'s check of the running requests, to which the walk adds candidates. On the paper's memory the
-        check built for a running set is kept and moved on by the rounds since (``FutureMemory.shifted``: exact)
-        while the view says the set is the same (``running_signature``), instead of being rebuilt each iteration:
-        it changes only when a request is admitted, finishes or is evicted (issue 47)."""
+        """Eq. (5)'s check of the running requests, to which the walk adds candidates, and the context to keep it
+        after the walk (None: not kept). On the paper's memory the check the last walk ended with (its admissions
+        included) is kept and brought up to date instead of being rebuilt each iteration (issue 47): moved on by the
+        rounds since (``FutureMemory.shifted``), and the requests that have left the running set since (finished,
+        or admissions the engine did not start) taken out (``FutureMemory.remove``); both exact. It is rebuilt when
+        the view's key changes (an eviction) or a running request is one the kept check never had."""
         plain = view.block_size is None and self.admission != "authors_code" and not self.prefix_aware
         signature = view.running_signature() if plain else None
-        if signature is not None:
-            key, rounds = signature
-            kept = getattr(self, "_kept", None)
-            if kept is not None and kept[0] == key and kept[1] == budget:
-                return kept[2].shifted(rounds - kept[3])
-        memory = self._build_memory(view, budget)
-        if signature is not None:
-            self._kept = (key, budget, memory, rounds)
-        return memory
+        if signature is None:
+            return self._build_memory(view, budget), None
+        key, rounds, members = signature
+        kept = getattr(self, "_kept", None)
+        if kept is not None and kept[0] == key and kept[1] == budget:
+            present = set(members)
+            if present <= kept[4]:
+                memory = kept[2].shifted(rounds - kept[3])
+                if not present.issuperset(memory.ids):  # some finished (or were not started): out of the check
+                    memory.remove({i for i in memory.ids if i not in present})
+                return memory, (key, budget, rounds, present)
+        w, d = running_terms(view)
+        return FutureMemory(budget, w, d, ids=members), (key, budget, rounds, set(members))
 
     def _build_memory(self, view: SchedulerView, budget: int):
         w, d = running_terms(view)
@@ -97,15 +103,20 @@ class PrefixFutureMemoryPolicy(Policy):
         if view.num_waiting == 0:
             return np.empty(0, dtype=np.int64)
         budget = int(np.floor((1.0 - self.margin) * view.capacity))
-        memory = self._memory(view, budget)
+        memory, keep = self._memory(view, budget)
         taken = []
         shared = view.shared_tokens if self.prefix_aware else None
+        name = view.waiting_member if keep is not None else None
         for pos, prompt, predicted in view.ordered_waiting(self.waiting_order):
             if shared is not None:
                 prompt -= shared(pos, predicted)
-            if not memory.try_add(prompt, predicted):
+            if not (memory.try_add(prompt, predicted) if name is None else memory.try_add(prompt, predicted, name(pos))):
                 break
             taken.append(pos)
+        if keep is not None:  # the check as the walk left it: the running set with this step's admissions
+            key, budget, rounds, running = keep  # who can run at the next step: these and the admitted
+            running.update(memory.ids[len(memory.ids) - len(taken):])
+            self._kept = (key, budget, memory, rounds, running)
         return np.asarray(taken, dtype=np.int64)
 
 

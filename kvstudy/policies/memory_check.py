@@ -22,14 +22,16 @@ import numpy as np
 
 
 class FutureMemory:
-    def __init__(self, capacity: int, running_w: np.ndarray, running_d: np.ndarray, steps=None) -> None:
+    def __init__(self, capacity: int, running_w: np.ndarray, running_d: np.ndarray, steps=None, ids=None) -> None:
         """``steps(points)``: the tokens a request still running at each check point has gained by then (an
-        int64 array for an int64 array; None: the point itself, eq. (5))."""
+        int64 array for an int64 array; None: the point itself, eq. (5)). ``ids``: optional names of the running
+        requests, kept aligned with ``w`` and ``d`` (what ``remove`` takes)."""
         self.capacity = capacity
         self.steps = steps
         keep = running_d >= 1
         self.w = running_w[keep].astype(np.int64)
         self.d = running_d[keep].astype(np.int64)
+        self.ids = None if ids is None else [i for i, k in zip(ids, keep.tolist()) if k]
         if len(self.d):
             order = np.argsort(self.d)
             d_sorted, w_sorted = self.d[order], self.w[order]
@@ -60,19 +62,44 @@ class FutureMemory:
         out.capacity, out.steps = self.capacity, None
         if rounds == 0:
             out.w, out.d, out.pts, out.gained, out.mem = self.w, self.d, self.pts, self.gained, self.mem
+            out.ids = None if self.ids is None else list(self.ids)  # try_add appends to it
             return out
         keep = self.d >= 1 + rounds
         out.w, out.d = self.w[keep] + rounds, self.d[keep] - rounds
+        if self.ids is None:
+            out.ids = None
+        else:  # usually nobody drops out: a copy (C speed) rather than a filtering pass
+            out.ids = list(self.ids) if len(out.d) == len(self.d) else [i for i, k in zip(self.ids, keep.tolist()) if k]
         first = int(np.searchsorted(self.pts, 1 + rounds))
         out.pts = out.gained = self.pts[first:] - rounds
         out.mem = self.mem[first:]
         return out
 
+    def remove(self, gone) -> None:
+        """Take the requests named in ``gone`` (a set of ``ids``) out of the check: memory at each point loses their
+        w + tau, and points where no request is left to end are dropped, so the check is the one built for the rest
+        (exact, eq. (5) only). MC-SF's kept check loses the requests that finished since (issue 47)."""
+        out = [k for k, i in enumerate(self.ids) if i in gone]
+        if not out:
+            return
+        mem, pts = self.mem.copy(), self.pts
+        for k in out:
+            upto = int(np.searchsorted(pts, self.d[k], side="right"))
+            mem[:upto] -= self.w[k] + pts[:upto]
+        keep = np.ones(len(self.ids), dtype=bool)
+        keep[out] = False
+        self.w, self.d = self.w[keep], self.d[keep]
+        self.ids = [i for i in self.ids if i not in gone]
+        ends = np.isin(pts, self.d)
+        self.mem, self.pts = mem[ends], pts[ends]
+        self.gained = self.pts
+
     def fits(self) -> bool:
         return bool(len(self.mem) == 0 or self.mem.max() <= self.capacity)
 
-    def try_add(self, w: int, d: int) -> bool:
-        """Add a request starting now with prompt w and predicted output d if eq. (5) still holds."""
+    def try_add(self, w: int, d: int, name=None) -> bool:
+        """Add a request starting now with prompt w and predicted output d if eq. (5) still holds (``name``: its id,
+        when the check keeps ``ids``)."""
         at_pts = self.mem + np.where(self.pts <= d, w + self.gained, 0)
         if len(at_pts) and at_pts.max() > self.capacity:
             return False
@@ -91,6 +118,8 @@ class FutureMemory:
             self.gained = self.pts if self.steps is None else np.concatenate((self.gained[:idx], [g], self.gained[idx:]))
         self.w = np.concatenate((self.w, [w]))
         self.d = np.concatenate((self.d, [d]))
+        if self.ids is not None:
+            self.ids.append(name)
         return True
 
 

@@ -48,3 +48,30 @@ def test_preemption_bucket_order():
 def test_swap_above_the_sweet_spot_else_recompute():
     assert choose_mode(4001, 4000) == "swap" and choose_mode(4000, 4000) == "recompute"
     assert choose_mode(100, None, recompute_s=lambda s: 0.001 * s, swap_s=lambda s: 0.0005 * s) == "swap"
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_deadline_queue_walks_its_live_requests_in_deadline_order(seed):
+    """The queue (kvstudy/cacheopt/queue.py) against a plain dict of live deadlines, through pushes (re-entries with
+    earlier deadlines too: ahead of the dead front), drops (the earliest mostly, as starts are), walks and windows."""
+    from kvstudy.cacheopt.queue import DeadlineQueue
+
+    rng = np.random.default_rng(seed)
+    q, live = DeadlineQueue(), {}
+    for step in range(3000):
+        r = rng.random()
+        if r < 0.45:
+            i = int(rng.integers(0, 400))
+            deadline = float(rng.integers(0, 50)) + step * 0.1 * rng.random()
+            q.push(deadline, i)
+            live[i] = deadline
+        elif r < 0.85 and live:
+            # the earliest deadlines start first (the dead front), sometimes any
+            i = min(live, key=lambda j: (live[j], j)) if rng.random() < 0.8 else int(rng.choice(list(live)))
+            q.drop(i)
+            del live[i]
+        else:
+            expect = sorted(live, key=lambda j: (live[j], j))
+            assert list(q) == expect and len(q) == len(live)
+            lo = float(rng.integers(0, 60))
+            assert q.window(lo, lo + 10) == [j for j in expect if lo <= live[j] < lo + 10]

@@ -6,8 +6,12 @@
     python bench/scale.py --trace my.csv [--columns arrival_time=ts,prompt_tokens=in,output_tokens=out]
     python bench/scale.py --src DIR                         # another checkout (a git worktree of an older commit)
     python bench/scale.py --vidur                           # also Vidur's own simulator per size (see below)
+    python bench/scale.py --policies main --sizes 1000,10000,100000,1000000 --budget 300   # issue 47's table
 
-Every configuration runs in a fresh child process (so peak RSS is its own), with Vidur's trained predictor
+``--policies main``: every built-in policy except CacheOPT's ablation variants (``cacheopt_*``, the same code with
+a feature off). ``--budget S``: a policy whose simulate time at one size, scaled by the next size's share, exceeds S
+seconds is not run at the next size (printed as skipped, with that estimate): a run known to miss the budget is not
+waited for. Every configuration runs in a fresh child process (so peak RSS is its own), with Vidur's trained predictor
 (Llama2-70B on a100_tp2, M = 16,492), `engine.progress=false`. Reported: the simulation's wall time
 (`simulate_seconds`: the engine loop, without set-up), microseconds per iteration, the child's peak RSS, and
 the run's status. `--timeout S` (default 900) abandons a configuration; it is printed as a timeout. Runs of
@@ -83,16 +87,34 @@ def main(argv=None) -> int:
     ap.add_argument("--columns", default="", help="column map for --trace, e.g. arrival_time=ts,prompt_tokens=in")
     ap.add_argument("--vidur", action="store_true", help="also time Vidur's simulator on the LMSYS-like sizes")
     ap.add_argument("--timeout", type=float, default=900)
+    ap.add_argument("--budget", type=float, default=0.0, help="skip a policy at the next size when its time at this "
+                                                                  "size, scaled up, exceeds this many seconds")
     args = ap.parse_args(argv)
+    if args.policies == "main":
+        from kvstudy import api
+
+        args.policies = ",".join(p for p in api.options("policy") if not p.startswith("cacheopt_"))
     policies = [p for p in args.policies.split(",") if p]
+    last = {}  # policy -> (requests, simulate seconds) of its last completed size
     print("| config | requests | simulate s | µs per iteration | peak MB | status |")
     print("|---|---|---|---|---|---|")
     if not (args.traces or args.trace):
         for n in (int(x) for x in args.sizes.split(",")):
             for policy in policies:
-                row(f"{policy}, LMSYS-like, λ = 50", n, child(args.src, [f"+policy={policy}", "+demand=high",
-                                                                           f"workload.num_requests={n}",
-                                                                           "engine.progress=false"], args.timeout))
+                label = f"{policy}, LMSYS-like, λ = 50"
+                if args.budget and policy in last and last[policy][1] * n / last[policy][0] > args.budget:
+                    m, secs = last[policy]
+                    print(f"| {label} | {n:,} | | | | skipped: {secs:.1f} s at {m:,} scales to "
+                          f"{secs * n / m:.0f} s > {args.budget:.0f} s |", flush=True)
+                    last[policy] = (n, secs * n / m)
+                    continue
+                res = child(args.src, [f"+policy={policy}", "+demand=high", f"workload.num_requests={n}",
+                                       "engine.progress=false"], args.timeout)
+                row(label, n, res)
+                if "simulate_seconds" in res:
+                    last[policy] = (n, res["simulate_seconds"])
+                else:  # a timeout or an error: nothing larger is tried
+                    last[policy] = (n, float("inf"))
             if args.vidur:
                 res = vidur_run(n, args.timeout)
                 print(f"| Vidur simulator (vllm), LMSYS-like, λ = 10 | {n:,} | {res.get('wall', float('nan')):.2f} (whole run) "

@@ -37,7 +37,8 @@ predicted lengths are the predictor's; only the engine knows the true ones.
 """
 from __future__ import annotations
 
-from typing import List
+from collections import deque
+from typing import Deque, List
 
 from kvstudy.config.validate import check_group
 from kvstudy.engine.states import RUNNING, SWAPPED, WAITING
@@ -67,7 +68,10 @@ class QueuedVLLM(VLLM):
     # --- per-run state ---------------------------------------------------------------------------------------
     def reset(self, seed: int) -> None:
         super().reset(seed)
-        self.order: List[int] = []  # waiting (and, under swap, swapped-out) requests in this policy's order
+        # waiting (and, under swap, swapped-out) requests in this policy's order: a deque, as admissions leave its
+        # front and victims join it there, each O(1) at any queue length (issue 47)
+        self.order: Deque[int] = deque()
+        self._walked = 0  # how many of the queue's front the last admission walk looked at
         self.run: List[int] = []  # running requests in this policy's order
         self.seen = 0  # arrivals (engine indices, in arrival order) already placed in ``order``
         self.wait_since = {}  # step whose end first counted request i as waiting (w = step - wait_since)
@@ -96,7 +100,7 @@ class QueuedVLLM(VLLM):
         self.seen = view.num_arrived
         expected = len(view.waiting) + (len(view.swapped) if self.preemption_mode != RECOMPUTE else 0)
         if len(self.order) != expected:
-            self.order = [i for i in self.order if state[i] == WAITING or state[i] == SWAPPED]
+            self.order = deque(i for i in self.order if state[i] == WAITING or state[i] == SWAPPED)
         if len(self.run) != len(view.running):
             self.run = [i for i in self.run if state[i] == RUNNING]
 
@@ -105,7 +109,9 @@ class QueuedVLLM(VLLM):
         """vLLM's admission walk over this policy's waiting order; a swapped-out request comes back in its turn."""
         mem = view.memory
         state = view.state
+        walked = 0  # started requests are among the first ``walked`` (``_started``)
         for i in self.order:
+            walked += 1
             if plan.num_seqs + 1 > self.max_num_seqs:
                 break
             if state[i] == SWAPPED:
@@ -128,6 +134,7 @@ class QueuedVLLM(VLLM):
             if plan.tokens + tokens > budget:
                 break
             plan.start_prefill(i, blocks, tokens)
+        self._walked = walked
 
     def fits(self, view: StepView, plan: _Plan, h: int, budget: int) -> bool:
         """``can_allocate(h) == OK and budget.can_schedule(len(h.tokens), 1)`` as the routine asks it."""
@@ -158,7 +165,7 @@ class QueuedVLLM(VLLM):
             walk_victims = [v for v, _ in plan.d.preempt[routine_victims:]]
             for v in walk_victims:  # vLLM's waiting.extendleft(preempted): the last one ends up first
                 self.run.remove(v)
-                self.order.insert(0, v)
+                self.order.appendleft(v)
                 self.wait_since[v] = view.step
         self._started(view, plan)
         return plan.d
@@ -168,8 +175,9 @@ class QueuedVLLM(VLLM):
         started = [i for i, _ in plan.d.prefill] + list(plan.d.swap_in)
         if not started:
             return
-        taken = set(started)
-        self.order = [i for i in self.order if i not in taken]
+        taken, order = set(started), self.order
+        head = [order.popleft() for _ in range(min(self._walked, len(order)))]  # the walk started them from here
+        order.extendleft(reversed([i for i in head if i not in taken]))
         for i in started:
             self.run_since[i] = view.step
             self.gen_at_start[i] = view.waiting_generated[i]
@@ -199,7 +207,7 @@ class RoundRobin(QueuedVLLM):
             W.append(v)
             self.wait_since[v] = view.step
         W.insert(0, h)
-        self.order = W
+        self.order = deque(W)
 
 
 class RRSJF(RoundRobin):
@@ -236,4 +244,4 @@ class SJF(QueuedVLLM):
             self.wait_since[v] = view.step
         W.insert(0, h)
         W.sort(key=key)
-        self.order = W
+        self.order = deque(W)

@@ -89,6 +89,8 @@ class CacheOPT(StepPolicy):
         self.token_budget, self.padding, self.confidence, self.adaptive = token_budget, padding, confidence, adaptive
         self.alpha, self.beta, self.rate_window, self.subtract_over = alpha, beta, float(rate_window), subtract_over
         self.fixed_fraction, self.rlp_padding, self.selection, self.embedding = fixed_fraction, rlp_padding, selection, embedding
+        #: selection by deadline walks the policy's own queue (cacheopt/queue.py), never the engine's order
+        self.own_queue_order = selection == "slo"
         self.buffer, self.allocation, self.proactive, self.m = buffer, allocation, proactive, m
         self.reserve_blocks, self.preemption, self.strategy, self.epsilon = reserve_blocks, preemption, strategy, epsilon
         self.max_num_seqs, self.direction_accuracy = max_num_seqs, direction_accuracy

@@ -144,8 +144,9 @@ class StepEngine:
             raise KvStudyError(f"memory={mem.name} needs the model and hardware (host space, copy sizes)")
         if mem.prefix_caching:
             mem.set_segments(r.segments)
+        own_order = self.adapted or bool(getattr(self.policy, "own_queue_order", False))
         self.state = st = RunState(r, self.predicted, self.paper, mem.block_size if mem.tracks_blocks else 0,
-                                   mem.gpu, own_queue_orders=self.adapted)
+                                   mem.gpu, own_queue_orders=own_order)
         self.rows = records.row_log(mem)
         if self.adapted:
             self.policy.forget()  # a second run of this engine starts from nothing, as the first

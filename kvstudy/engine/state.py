@@ -30,9 +30,9 @@ class GeneratedTokens:
 
 
 class WaitingSet(dict):
-    """The waiting requests as a set (a dict of None), for a policy that keeps its own queue orders
-    (kvstudy/policies/admission.py): removing a request from anywhere costs O(1), not a deque's O(position), and
-    returning victims costs O(victims). Its order is never read."""
+    """The waiting requests as a set (a dict of None), for a policy that keeps its own queue orders (the admission
+    adapter, kvstudy/policies/admission.py; a step policy with ``own_queue_order``): removing a request from anywhere
+    costs O(1), not a deque's O(position), and returning victims costs O(victims). Its order is never read."""
 
     def append(self, i: int) -> None:
         self[i] = None

@@ -53,6 +53,8 @@ class QueuedVLLM(VLLM):
 
     name = "fcfs"
 
+    own_queue_order = True  # ``order`` below; the engine keeps its queue as a set (StepPolicy.own_queue_order)
+
     def __init__(self, steps_before_preemption: int = 5, quantum_unit: str = "steps",
                  preemption_mode: str = RECOMPUTE, max_num_seqs: int = 256, max_num_batched_tokens=None,
                  name: str = None) -> None:
@@ -190,14 +192,16 @@ class RoundRobin(QueuedVLLM):
     name = "rr"
 
     def sorted_queues(self, view: StepView):
-        return list(self.order), list(self.run)
+        """(waiting, running) in this policy's order: RR's waiting queue is its own deque, changed in place (the
+        routine takes its head and puts it back, victims join the back: O(1) at any queue length)."""
+        return self.order, list(self.run)
 
     def routine(self, view: StepView, plan: _Plan, budget: int) -> None:
         if not self.order:
             return
         W, R = self.sorted_queues(view)
         self.run = R
-        h = W.pop(0)
+        h = W.popleft()
         eligible = [r for r in R if self.running_for(view, r) >= self.quantum]
         while eligible:
             if self.fits(view, plan, h, budget):
@@ -206,8 +210,8 @@ class RoundRobin(QueuedVLLM):
             self._victim(view, plan, v)
             W.append(v)
             self.wait_since[v] = view.step
-        W.insert(0, h)
-        self.order = deque(W)
+        W.appendleft(h)
+        self.order = W
 
 
 class RRSJF(RoundRobin):
@@ -218,7 +222,7 @@ class RRSJF(RoundRobin):
 
     def sorted_queues(self, view: StepView):
         step, since, pred = view.step, self.wait_since, view.predicted
-        W = sorted(self.order, key=lambda i: (since[i] - step, pred[i]))  # -w, then p; stable otherwise
+        W = deque(sorted(self.order, key=lambda i: (since[i] - step, pred[i])))  # -w, then p; stable otherwise
         R = sorted(self.run, key=lambda i: self.key(view, i))
         return W, R
 

@@ -132,6 +132,10 @@ class StepPolicy:
 
     name = "step"
     preemptive = True
+    #: True: the policy keeps its own order of the waiting queue and reads only who is in ``view.waiting``, never its
+    #: order (nor ``view.waiting[0]``); the engine then keeps the queue as a set, a start or a return O(1) wherever
+    #: the request sits (issue 47). The admission adapter and the QueuedVLLM family (kvstudy/policies/rr_sjf.py) do.
+    own_queue_order = False
 
     def reset(self, seed: int) -> None:
         """Called once before a run; a policy keeps no other state between runs."""

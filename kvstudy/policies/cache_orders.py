@@ -73,8 +73,12 @@ def dfs_weight_order(view, queue: List[int]) -> List[int]:
 
 
 def ordered(view, order: str) -> List[int]:
-    """The waiting queue in ``order`` (FCFS: the engine's queue order, recompute victims first)."""
-    queue = list(view.waiting)
-    if order == "fcfs" or getattr(view.memory, "cache", None) is None or len(queue) < 2:
-        return queue
+    """The waiting queue in ``order`` (FCFS: the engine's queue order, recompute victims first). Taken in the
+    engine's order, it is the engine's queue itself, not a copy (the caller only reads it): an admission under
+    overload then costs the same at any queue length (issue 47)."""
+    waiting = view.waiting
+    if (order == "fcfs" or getattr(view.memory, "cache", None) is None or len(waiting) < 2
+            or (order == "lpm" and len(waiting) > LPM_MAX_QUEUE)):
+        return waiting
+    queue = list(waiting)
     return lpm_order(view, queue) if order == "lpm" else dfs_weight_order(view, queue)

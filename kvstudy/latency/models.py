@@ -137,7 +137,7 @@ class VidurLatency(LatencyModel):
     def iteration_seconds(self, prefill_chunks, num_decodes, decode_context_sum) -> float:
         return self.tables.iteration_seconds(prefill_chunks, num_decodes, decode_context_sum)
 
-    def decode_run_seconds(self, num_decodes, decode_context_sum, count, decode_generated_sum=0) -> list:
+    def decode_run_seconds(self, num_decodes, decode_context_sum, count) -> list:
         return self.tables.decode_run_seconds(num_decodes, decode_context_sum, count)
 
     def describe(self) -> dict:

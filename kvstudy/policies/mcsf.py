@@ -70,10 +70,10 @@ class PrefixFutureMemoryPolicy(Policy):
                 if not present.issuperset(memory.ids):  # some finished (or were not started): out of the check
                     memory.remove({i for i in memory.ids if i not in present})
                 return memory, (key, budget, rounds, present)
-        w, d = running_terms(view)
-        return FutureMemory(budget, w, d, ids=members), (key, budget, rounds, set(members))
+        return self._build_memory(view, budget, ids=members), (key, budget, rounds, set(members))
 
-    def _build_memory(self, view: SchedulerView, budget: int):
+    def _build_memory(self, view: SchedulerView, budget: int, ids=None):
+        """Eq. (5)'s check of the running requests built afresh (``ids``: their names, for a check that is kept)."""
         w, d = running_terms(view)
         if self.prefix_aware:  # shared blocks charged to their longest-lived holder only
             w = w - view.block_size * view.duplicate_blocks(d)
@@ -81,7 +81,7 @@ class PrefixFutureMemoryPolicy(Policy):
             return BlockFutureMemory(budget, w, d, view.block_size, view.running_kv_tokens // view.block_size)
         if self.admission == "authors_code":
             return AuthorsCheck(budget, w, d, float(view.time), self.avg_batch_time)
-        return FutureMemory(budget, w, d)
+        return FutureMemory(budget, w, d, ids=ids)
 
     def admit(self, view: SchedulerView, order: np.ndarray) -> np.ndarray:
         """The general path (the reference ``schedule`` is tested against): the check built afresh."""

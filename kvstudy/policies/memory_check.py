@@ -56,8 +56,9 @@ class FutureMemory:
         """This check ``rounds`` decode rounds later, when every running request has decoded that many more tokens:
         each w rises and each d falls by ``rounds``, so at a point tau - rounds memory is what it was at tau (the same
         requests, each holding as much): the points move down by ``rounds``, those below 1 drop out, and memory at
-        the rest is unchanged. Exact (integers); what MC-SF's policy reuses while the running set stays (issue 47).
-        Only for eq. (5) itself (``steps`` None) and a check nothing was added to."""
+        the rest is unchanged. Exact (integers), also for a check candidates were added to (each then counts as a
+        running request). What MC-SF's policy moves its kept check on with (issue 47); only for eq. (5) itself
+        (``steps`` None)."""
         out = FutureMemory.__new__(FutureMemory)
         out.capacity, out.steps = self.capacity, None
         if rounds == 0:

@@ -73,7 +73,6 @@ class QueuedVLLM(VLLM):
         # waiting (and, under swap, swapped-out) requests in this policy's order: a deque, as admissions leave its
         # front and victims join it there, each O(1) at any queue length (issue 47)
         self.order: Deque[int] = deque()
-        self._walked = 0  # how many of the queue's front the last admission walk looked at
         self.run: List[int] = []  # running requests in this policy's order
         self.seen = 0  # arrivals (engine indices, in arrival order) already placed in ``order``
         self.wait_since = {}  # step whose end first counted request i as waiting (w = step - wait_since)
@@ -107,11 +106,12 @@ class QueuedVLLM(VLLM):
             self.run = [i for i in self.run if state[i] == RUNNING]
 
     # --- one step --------------------------------------------------------------------------------------------
-    def _admit(self, view: StepView, plan: _Plan, budget: int) -> None:
-        """vLLM's admission walk over this policy's waiting order; a swapped-out request comes back in its turn."""
+    def _admit(self, view: StepView, plan: _Plan, budget: int) -> int:
+        """vLLM's admission walk over this policy's waiting order; a swapped-out request comes back in its turn.
+        Returns how many of the queue's front it looked at (what it started is among them)."""
         mem = view.memory
         state = view.state
-        walked = 0  # started requests are among the first ``walked`` (``_started``)
+        walked = 0
         for i in self.order:
             walked += 1
             if plan.num_seqs + 1 > self.max_num_seqs:
@@ -136,7 +136,7 @@ class QueuedVLLM(VLLM):
             if plan.tokens + tokens > budget:
                 break
             plan.start_prefill(i, blocks, tokens)
-        self._walked = walked
+        return walked
 
     def fits(self, view: StepView, plan: _Plan, h: int, budget: int) -> bool:
         """``can_allocate(h) == OK and budget.can_schedule(len(h.tokens), 1)`` as the routine asks it."""
@@ -158,8 +158,7 @@ class QueuedVLLM(VLLM):
         self._sync(view)
         budget = self.token_budget(view)
         plan = _Plan(view)
-        if self.order:
-            self._admit(view, plan, budget)
+        walked = self._admit(view, plan, budget) if self.order else 0
         if not plan.d.prefill and not plan.d.swap_in:
             self.routine(view, plan, budget)
             routine_victims = len(plan.d.preempt)
@@ -169,16 +168,17 @@ class QueuedVLLM(VLLM):
                 self.run.remove(v)
                 self.order.appendleft(v)
                 self.wait_since[v] = view.step
-        self._started(view, plan)
+        self._started(view, plan, walked)
         return plan.d
 
-    def _started(self, view: StepView, plan: _Plan) -> None:
-        """Requests this decision starts (prefill or swap in) leave the queue and join the running list."""
+    def _started(self, view: StepView, plan: _Plan, walked: int) -> None:
+        """Requests this decision starts (prefill or swap in) leave the queue and join the running list; the admission
+        walk started them from the first ``walked`` of the queue (the routine starts nobody)."""
         started = [i for i, _ in plan.d.prefill] + list(plan.d.swap_in)
         if not started:
             return
         taken, order = set(started), self.order
-        head = [order.popleft() for _ in range(min(self._walked, len(order)))]  # the walk started them from here
+        head = [order.popleft() for _ in range(min(walked, len(order)))]
         order.extendleft(reversed([i for i in head if i not in taken]))
         for i in started:
             self.run_since[i] = view.step

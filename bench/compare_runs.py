@@ -15,6 +15,8 @@ import pandas as pd
 
 WALL = {"wall_seconds", "simulate_seconds", "policy_seconds", "policy_us_per_iteration", "setup_seconds", "latency",
         "provenance"}  # provenance: the commit and versions (issue 35), not a result
+#: summary keys added since (descriptions, not results): ignored when the earlier run has none
+ADDED = {"kv_capacity", "hardware_note", "offered_load"}  # issue 48: how the KV capacity came about, calibration, load
 
 
 def _summary(path: Path) -> dict:
@@ -37,8 +39,9 @@ def compare(before: Path, after: Path) -> int:
             if not a.equals(b):
                 print(f"{rel}/{table}: differs ({a.shape} vs {b.shape})")
                 bad += 1
-        if _summary(run / "summary.json") != _summary(other / "summary.json"):
-            a, b = _summary(run / "summary.json"), _summary(other / "summary.json")
+        a, b = _summary(run / "summary.json"), _summary(other / "summary.json")
+        b = {k: v for k, v in b.items() if k in a or k not in ADDED}
+        if a != b:
             keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
             print(f"{rel}/summary.json: differs in {keys}")
             bad += 1

@@ -31,7 +31,13 @@ def _peak_kv(summary: dict) -> str:
 def _print_summary(summary: dict, folder: str) -> None:
     unit = _time_unit(summary)
     rows = [("status", summary["status"]), ("policy", summary.get("policy")),
-            ("requests completed", f"{summary['completed']}/{summary['num_requests']}")]
+            ("hardware", summary.get("hardware") + (f"  ({summary['hardware_note']})" if summary.get("hardware_note")
+                                                    else ""))]
+    offered = summary.get("offered_load")
+    if offered:  # +demand=relative: the rate this hardware's capacity gave (kvstudy/running/offered_load.py)
+        rows.append(("offered load", f"{offered['load']:g} x capacity {offered['capacity_rps']:.4g} requests/s = "
+                                     f"Poisson {offered['rate']:.4g} requests/s"))
+    rows += [("requests completed", f"{summary['completed']}/{summary['num_requests']}")]
     cluster = summary.get("cluster")
     if cluster:  # cluster.replicas > 1: the split, and peak KV below is the largest of any one replica's
         split = "/".join(str(r["requests"]) for r in cluster["per_replica"])
@@ -43,6 +49,7 @@ def _print_summary(summary: dict, folder: str) -> None:
                                             f"p99 {st['p99']:.4g}"))
     rows += [(f"throughput (tokens/{'round' if unit == 'rounds' else 's'})", f"{summary['throughput_tokens_per_time'] or 0:.4g}"),
              ("peak KV tokens" + (" (one replica)" if cluster else ""), _peak_kv(summary)),
+             ("KV capacity", summary.get("kv_capacity")),
              ("iterations", summary["iterations"])]
     if "preemptions_swap" in summary:  # memory=paged: preemptions by mode (and an admission policy's clearings)
         rows.append(("preemptions", f"{summary['preemptions_recompute']} recompute, {summary['preemptions_swap']} swap"

@@ -1,4 +1,4 @@
-"""``python -m kvstudy.reproduce mcsf|rr_sjf|cacheopt|prefix|cluster|all [--dry-run] [--figures-only] [--jobs N] [--gallery]
+"""``python -m kvstudy.reproduce mcsf|rr_sjf|cacheopt|prefix|cluster|hardware|all [--dry-run] [--figures-only] [--jobs N] [--gallery]
 [-- OVERRIDES]``
 
 One command per paper: every experiment of the paper (the table ``PAPERS`` below, the one list of them), one after
@@ -181,6 +181,15 @@ def _cluster() -> Tuple[Step, ...]:
                    seconds=1000))
 
 
+def _hardware() -> Tuple[Step, ...]:
+    # issue 48's study (docs/findings.md "GPUs beyond the A100", notebook 07); seconds measured 2026-11-28 with two
+    # workers, warm predictor cache (a cold one adds a training per model and GPU: docs/findings.md)
+    return (_sweep("hardware_rr_sjf", item="RR-SJF vs FCFS on four GPUs", seconds=6),
+            _sweep("hardware_table1", item="Table 1's MC-SF vs MC-Benchmark on four GPUs", seconds=12),
+            _sweep("hardware", item="three_papers' like-for-like table on four GPUs", seconds=29),
+            _sweep("hardware_cacheopt", item="CacheOPT vs vLLM and Sarathi on four GPUs", seconds=31))
+
+
 #: The papers' experiments: the one list (the README and scripts/cacheopt_study.sh point here).
 PAPERS: Dict[str, Paper] = {
     "mcsf": Paper("MC-SF (Jaillet et al.)", _mcsf(), ("01_mcsf_paper.ipynb", "02_hindsight_optimum.ipynb"),
@@ -199,6 +208,7 @@ PAPERS: Dict[str, Paper] = {
                     ("figures/prefix_sessions.png",)),
     "cluster": Paper("Several replicas behind a router (issue 37; beyond the papers)", _cluster(),
                      ("06_cluster.ipynb",)),
+    "hardware": Paper("GPUs beyond the A100 (issue 48; beyond the papers)", _hardware(), ("07_hardware.ipynb",)),
 }
 
 

@@ -27,6 +27,12 @@ SMALL = {  # experiment -> overrides that shrink it (same code path, fewer and s
                       "workload.num_requests=80"],
     "cluster_mooncake": ["+policy=vllm", "router=round_robin,prefix_affinity", "cluster.replicas=2",
                          "workload.num_requests=150", "memory.capacity_tokens=131072"],
+    # the hardware study on the linear latency model: the notebook's code path without training a predictor per GPU
+    # (tests/test_hardware.py runs the study's hardware under Vidur)
+    "hardware": ["+policy=mcsf,vllm,rr_sjf", "seed=0", "workload.num_requests=40", "latency=linear"],
+    "hardware_table1": ["seed=0", "workload.num_requests=40", "latency=linear"],
+    "hardware_rr_sjf": ["workload.num_requests=40", "latency=linear"],
+    "hardware_cacheopt": ["seed=0", "workload.num_requests=60", "latency=linear"],
 }
 #: where an experiment's sweep goes under the results root, as its config puts it under outputs/
 FOLDER = {**{name: f"{name}/a100_tp2" for name in ("table1", "table1_fixed_set", "fig3", "fig5", "fig5_reference",
@@ -36,7 +42,9 @@ FOLDER = {**{name: f"{name}/a100_tp2" for name in ("table1", "table1_fixed_set",
           **{f"cacheopt_{part}": f"cacheopt/opt_13b_a100_tp1/{part}" for part in ("motivation", "main", "ablation",
                                                                                     "sensitivity")},
           "prefix_mooncake": "prefix/mooncake_llama31_8b_a100_tp1", "prefix_sessions": "prefix/sessions_llama31_8b_a100_tp1",
-          "cluster_lmsys": "cluster/lmsys", "cluster_mooncake": "cluster/mooncake"}
+          "cluster_lmsys": "cluster/lmsys", "cluster_mooncake": "cluster/mooncake",
+          "hardware": "hardware/three_papers", "hardware_table1": "hardware/table1", "hardware_rr_sjf": "hardware/rr_sjf",
+          "hardware_cacheopt": "hardware/cacheopt"}
 #: the MC-SF experiments notebook 01 also shows in the paper's likely regime (hardware=a100_vidur_default)
 PAPER_REGIME = ("table1", "fig3")
 #: the MC-SF experiments notebook 01 also shows in the authors' regime (regime=authors)

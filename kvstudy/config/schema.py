@@ -381,7 +381,8 @@ SCHEMA: Dict[str, Group] = {
     }),
     "demand": Group({"name": NAME, "kind": choice("poisson", "offline"),
                      "rate": number(gt=0.0, le=1e9, null=True, unit="requests/s"),
-                     "scale": number(gt=0.0, le=1e6, null=True)}),
+                     "scale": number(gt=0.0, le=1e6, null=True),
+                     "load": number(gt=0.0, le=1e3, null=True, unit="x the hardware's capacity")}),
     "policy": Group({"name": NAME}, by="_target_", options={
         "kvstudy.policies.protection.AlphaProtection": {"alpha": fraction(), "beta": number(gt=0.0, le=1.0, null=True),
                                                         "admission": ADMISSION},

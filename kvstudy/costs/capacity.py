@@ -32,8 +32,9 @@ def _kv_bytes_per_token(arch: ModelArch, hw: HardwareSpec) -> int:
     return 2 * (arch.num_layers // hw.pipeline_parallel) * kv_heads * arch.head_dim * arch.dtype_bytes
 
 
-def auto_capacity(arch: ModelArch, hw: HardwareSpec, gpu_memory_utilization: float = 0.9,
-                  reserved_gb: float = 1.5, max_batch_tokens: int = 4096) -> int:
+def auto_breakdown(arch: ModelArch, hw: HardwareSpec, gpu_memory_utilization: float = 0.9,
+                   reserved_gb: float = 1.5, max_batch_tokens: int = 4096) -> dict:
+    """The terms of the module docstring's formula, per GPU (bytes), and M."""
     usable = gpu_memory_utilization * hw.memory_gb_per_gpu * 1e9
     weights = _weights_per_gpu(arch, hw)
     activ = reserved_gb * 1e9 + max_batch_tokens * (4 * arch.embedding_dim
@@ -44,7 +45,24 @@ def auto_capacity(arch: ModelArch, hw: HardwareSpec, gpu_memory_utilization: flo
         raise ConfigError(f"model '{arch.name}' does not fit on hardware '{hw.name}': weights {weights / 1e9:.1f} GB "
                           f"+ activations {activ / 1e9:.1f} GB per GPU exceed {usable / 1e9:.1f} GB usable; "
                           "use more GPUs (tensor_parallel) or a smaller model")
-    return int(math.floor(free / per_token))
+    return {"tokens": int(math.floor(free / per_token)), "gpu_memory_utilization": gpu_memory_utilization,
+            "memory_gb_per_gpu": hw.memory_gb_per_gpu, "weights_gb_per_gpu": round(weights / 1e9, 2),
+            "activations_gb_per_gpu": round(activ / 1e9, 2), "kv_bytes_per_token_per_gpu": per_token}
+
+
+def auto_capacity(arch: ModelArch, hw: HardwareSpec, gpu_memory_utilization: float = 0.9,
+                  reserved_gb: float = 1.5, max_batch_tokens: int = 4096) -> int:
+    return auto_breakdown(arch, hw, gpu_memory_utilization, reserved_gb, max_batch_tokens)["tokens"]
+
+
+def describe(value, arch: ModelArch, hw: HardwareSpec, capacity_tokens: int) -> str:
+    """How the run's KV capacity came about, for its printed summary: ``auto``'s terms, or the number given."""
+    if value != "auto":
+        return f"{capacity_tokens:,} tokens (memory.capacity_tokens)"
+    b = auto_breakdown(arch, hw)
+    return (f"{capacity_tokens:,} tokens (auto, per GPU: {b['gpu_memory_utilization']} x {b['memory_gb_per_gpu']:g} GB "
+            f"- weights {b['weights_gb_per_gpu']:.1f} GB - activations {b['activations_gb_per_gpu']:.1f} GB, "
+            f"{b['kv_bytes_per_token_per_gpu']:,} B per token per GPU; kvstudy/costs/capacity.py)")
 
 
 def resolve_capacity(value, arch: ModelArch, hw: HardwareSpec, **auto_kw) -> int:

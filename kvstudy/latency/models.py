@@ -30,6 +30,8 @@ from kvstudy.config.validate import check_group
 from kvstudy.costs.arch import ModelArch
 from kvstudy.errors import ConfigError
 from kvstudy.latency.tables import HardwareSpec, PredictorSettings, ProfileFiles, VidurTables, cache_key
+from kvstudy.profiles import generated
+from kvstudy.profiles.devices import DEVICES
 from kvstudy.running.paths import PROFILES_DIR, cache_dir, prepare_cache
 
 Chunks = Sequence[Tuple[int, int]]
@@ -147,10 +149,15 @@ class VidurLatency(LatencyModel):
 def profile_files(arch: ModelArch, hw: HardwareSpec, profiles_root: Optional[str] = None,
                   compute_dir: Optional[str] = None, network_dir: Optional[str] = None) -> ProfileFiles:
     """Locate the CSVs: ``<root>/compute/<device>/<model>/`` and ``<root>/network/<node>/`` unless the
-    hardware config points ``compute_dir``/``network_dir`` elsewhere (e.g. a Vidur checkout's real data)."""
+    hardware config points ``compute_dir``/``network_dir`` elsewhere (e.g. a Vidur checkout's real data). A device of
+    kvstudy/profiles/devices.py without profiles in the repository's ``profiles/`` has them built on first use into
+    the cache (kvstudy/profiles/generated.py)."""
     root = Path(profiles_root) if profiles_root else PROFILES_DIR
     compute = Path(compute_dir) if compute_dir else root / "compute" / hw.device / arch.name
     network = Path(network_dir) if network_dir else root / "network" / hw.node
+    if not (compute / "mlp.csv").exists() and not (profiles_root or compute_dir) and hw.device in DEVICES:
+        # a GPU the builder knows whose profiles the repository does not carry: built once into the cache
+        compute = generated.compute_dir(arch, hw.device)
     if not (compute / "mlp.csv").exists():
         available = sorted(p.parent.name for p in (root / "compute" / hw.device).glob("*/mlp.csv"))
         raise ConfigError(f"no profiles for model '{arch.name}' on device '{hw.device}' (looked for {compute}/mlp.csv); "

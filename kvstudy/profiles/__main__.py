@@ -3,11 +3,14 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from dataclasses import asdict
 from pathlib import Path
 
 from kvstudy.errors import ConfigError, DataError, cli_entry
-from kvstudy.running.paths import (CALIBRATION_FILE, CONF_DIR, PROFILES_DIR, SHARED_REFERENCE, load_model_arch,
+from kvstudy.profiles.calibration import calibration_file
+from kvstudy.profiles.devices import CALIBRATED, DEVICES, device
+from kvstudy.running.paths import (CONF_DIR, PROFILES_DIR, SHARED_REFERENCE, load_model_arch,
                                  prepare_dir, prepare_file)
 
 
@@ -18,9 +21,16 @@ def _check_paths(args) -> None:
     if args.command == "calibrate":
         if not args.vidur_data.is_dir():
             raise ConfigError(f"--vidur-data {args.vidur_data}: not a folder; allowed: a checkout of Vidur's data/ "
-                              f"(profiling/compute/a100/...)")
+                              f"(profiling/compute/{args.device}/...)")
+        if args.device not in CALIBRATED:
+            raise ConfigError(f"--device {args.device}: no measurements to calibrate on; allowed {', '.join(CALIBRATED)} "
+                              f"(the others borrow a calibrated GPU's fit: kvstudy/profiles/devices.py)")
+        if args.out is None:
+            args.out = calibration_file(args.device)
         prepare_file(args.out, "--out", fix="allowed: a .json file path")  # its folder made: written without mkdir
     if args.command == "build":
+        if args.calibration is None:
+            args.calibration = calibration_file(device(args.device).calibration)
         if args.calibration.exists() and not args.calibration.is_file():
             raise ConfigError(f"--calibration {args.calibration}: not a regular file; allowed: the JSON "
                               f"`python -m kvstudy.profiles calibrate` writes")
@@ -34,22 +44,26 @@ def main(argv=None) -> int:
 
     parser = one_line_parser()(prog="python -m kvstudy.profiles", description=__doc__)  # usage errors: one line
     sub = parser.add_subparsers(dest="command", required=True)
-    cal = sub.add_parser("calibrate", help="fit efficiencies to real Vidur A100 measurements")
+    cal = sub.add_parser("calibrate", help="fit efficiencies to a GPU's real Vidur measurements (a100, h100)")
     cal.add_argument("--vidur-data", type=Path, default=SHARED_REFERENCE / "vidur-data")
-    cal.add_argument("--out", type=Path, default=CALIBRATION_FILE)
+    cal.add_argument("--device", default="a100", help=f"the measured GPU: {', '.join(CALIBRATED)}")
+    cal.add_argument("--out", type=Path, default=None,
+                     help="default profiles/calibration.json (a100), profiles/calibration_<device>.json")
     build = sub.add_parser("build", help="write Vidur-schema CSVs for every conf/model/*.yaml")
     build.add_argument("--out", type=Path, default=PROFILES_DIR)
     build.add_argument("--models", nargs="*", default=None,
                        help="model config names, or paths of model YAMLs outside the checkout (default: all of conf/model)")
-    build.add_argument("--calibration", type=Path, default=CALIBRATION_FILE)
-    build.add_argument("--device", default=None, help="GPU of kvstudy.profiles.gpu_model.DEVICES (default a100; "
-                                                      "others are uncalibrated)")
+    build.add_argument("--calibration", type=Path, default=None,
+                       help="default: the calibration the device rests on (kvstudy/profiles/devices.py)")
+    build.add_argument("--device", default="a100",
+                       help=f"GPU: {', '.join(DEVICES)} ({', '.join(CALIBRATED)} calibrated on their own measurements; "
+                            "the others on a calibrated GPU's fit with their own datasheet peaks: uncalibrated)")
     args = parser.parse_args(argv)
     _check_paths(args)
     if args.command == "calibrate":
         from kvstudy.profiles.calibration import write_calibration
 
-        result = write_calibration(args.vidur_data, args.out)
+        result = write_calibration(args.vidur_data, args.out, args.device)
         print(json.dumps(result["mlp_errors"], indent=1))
         print(f"wrote {args.out}")
         return 0
@@ -65,11 +79,17 @@ def main(argv=None) -> int:
     archs = [load_model_arch(name) for name in names]  # every model checked before the first file is written
     for arch in archs:
         check_group("model", asdict(arch))
+    gpu = device(args.device)
+    if not gpu.calibrated:
+        print(f"{gpu.name}: uncalibrated (no measurement of this GPU: the {gpu.calibration} fit's efficiencies with "
+              f"{gpu.name}'s datasheet peaks: {gpu.source})")
+    started = time.perf_counter()
     for arch in archs:
         for path in build_model(arch, calib, args.out, device=args.device):
             print(f"wrote {path}")
     for path in build_network(calib, args.out):
         print(f"wrote {path}")
+    print(f"built {len(archs)} model(s) on {gpu.name} in {time.perf_counter() - started:.1f} s")
     return 0
 
 

@@ -25,6 +25,7 @@ from kvstudy.costs.arch import ModelArch
 from kvstudy.running.atomic import write_atomic
 from kvstudy.errors import ConfigError
 from kvstudy.profiles import gpu_model as gm
+from kvstudy.profiles.devices import NODES, device as device_of, nodes_of
 from kvstudy.profiles.calibration import op_times_from_calibration
 
 BLOCK_SIZE = 16  # Vidur's default CacheConfig.block_size; its predictor filters attention rows on it.
@@ -32,7 +33,6 @@ TP_SIZES = (1, 2, 4, 8)
 MAX_TOKENS = 65536
 DECODE_BATCHES = np.array(list(range(1, 17)) + list(range(24, 129, 8)) + list(range(144, 1025, 16)))
 KV_STEP = 64
-NODES = {"a100_pairwise_nvlink": (2, 4), "a100_dgx": (2, 4, 8)}
 FLOAT_FORMAT = "%.6g"
 
 
@@ -134,11 +134,25 @@ def attention_profile(arch: ModelArch, device: gm.Device, tps: Iterable[int]) ->
     return pd.concat(frames, ignore_index=True)
 
 
+def _network_fits(calib: Dict, node: str) -> Dict[tuple, Dict]:
+    """The (alpha, bus bandwidth) fits of ``node``: its own measured ones, or those of the node it is derived from
+    with the bus bandwidth scaled (kvstudy/profiles/devices.py ``NodeSpec``)."""
+    spec = NODES[node]
+    source = spec.derived or node
+    fits = {(f["collective"], f["workers"], f["devices_per_node"]): f for f in calib["network"] if f["node"] == source}
+    if spec.derived:
+        fits = {key: ({**f, "bus_gbps": f["bus_gbps"] * spec.bus_scale[key[1]]}
+                      if key[0] == "all_reduce" and key[1] == key[2] and key[1] in spec.bus_scale else f)
+                for key, f in fits.items()}
+    return fits
+
+
 def network_profiles(calib: Dict, node: str) -> Dict[str, pd.DataFrame]:
-    fits = {(f["collective"], f["workers"], f["devices_per_node"]): f for f in calib["network"] if f["node"] == node}
+    fits = _network_fits(calib, node)
+    workers_space = NODES[node].workers
     sizes = np.unique(np.round(1024 * 2 ** (np.arange(0, 21 * 16 + 1) / 16)).astype(np.int64))
     out = {}
-    for kind, combos in (("all_reduce", [(w, w) for w in NODES[node]]), ("send_recv", [(2, 1), (2, 2)])):
+    for kind, combos in (("all_reduce", [(w, w) for w in workers_space]), ("send_recv", [(2, 1), (2, 2)])):
         frames = []
         for workers, dpn in combos:
             fit = fits.get((kind, workers, dpn))
@@ -150,7 +164,7 @@ def network_profiles(calib: Dict, node: str) -> Dict[str, pd.DataFrame]:
             frames.append(pd.DataFrame({
                 f"time_stats.{kind}.median": gm.collective_ms(kind, sizes, workers, fit["alpha_ms"], fit["bus_gbps"]),
                 "rank": 0, "num_workers": workers, "size": sizes, "collective": kind,
-                "devices_per_node": dpn, "max_devices_per_node": max(NODES[node])}))
+                "devices_per_node": dpn, "max_devices_per_node": max(workers_space)}))
         out[kind] = pd.concat(frames, ignore_index=True)
     return out
 
@@ -161,12 +175,14 @@ def write_csv(df: pd.DataFrame, path: Path) -> None:
 
 def build_model(arch: ModelArch, calib: Dict, root: Path, tps: Iterable[int] = TP_SIZES,
                 device: str = None) -> List[Path]:
-    """``device`` (default: the calibration's, a100) names a GPU of ``gpu_model.DEVICES``; any other than the
-    calibrated one gets the calibrated efficiencies with its own peaks (uncalibrated)."""
+    """``device`` (default: the calibration's) names a GPU of ``devices.DEVICES``; one that borrows the calibration
+    (``Device.calibration``; H200 from H100, A40 and L4 from A100) gets its efficiencies with its own peaks
+    (uncalibrated)."""
     name = device or calib["device"]
-    if name not in gm.DEVICES:
-        raise ConfigError(f"--device {name}: allowed {', '.join(gm.DEVICES)}")
-    device = gm.DEVICES[name]
+    device = device_of(name)
+    if device.calibration != calib["device"]:
+        raise ConfigError(f"device '{name}' rests on the {device.calibration} calibration, not the {calib['device']} "
+                          f"one given; allowed: profiles/calibration{'' if device.calibration == 'a100' else '_' + device.calibration}.json")
     tps = [tp for tp in tps if arch.num_q_heads % tp == 0]
     folder = Path(root) / "compute" / name / arch.name
     write_csv(mlp_profile(arch, calib, tps, name), folder / "mlp.csv")
@@ -175,8 +191,10 @@ def build_model(arch: ModelArch, calib: Dict, root: Path, tps: Iterable[int] = T
 
 
 def build_network(calib: Dict, root: Path) -> List[Path]:
+    """Every node type resting on this calibration's measurements (kvstudy/profiles/devices.py ``NODES``)."""
     paths = []
-    for node in NODES:
+    for spec in nodes_of(calib["device"]):
+        node = spec.name
         for kind, df in network_profiles(calib, node).items():
             path = Path(root) / "network" / node / f"{kind}.csv"
             write_csv(df, path)

@@ -1,8 +1,9 @@
-"""Fit the analytical GPU model's efficiencies to real Vidur A100 measurements and report its error.
+"""Fit the analytical GPU model's efficiencies to a GPU's real Vidur measurements and report its error.
 
-Reads (never copies) ``<vidur-data>/profiling/compute/a100/*/*/mlp.csv`` and
-``<vidur-data>/profiling/network/*/{all_reduce,send_recv}.csv``; writes the fitted constants to
-``profiles/calibration.json``, which the profile builder reads. Errors are absolute percentage errors
+For a calibrated device (``devices.CALIBRATED``: a100, h100) reads (never copies)
+``<vidur-data>/profiling/compute/<device>/*/*/mlp.csv`` and ``<vidur-data>/profiling/network/<device>_*/{all_reduce,
+send_recv}.csv``; writes the fitted constants to ``profiles/calibration.json`` (A100) or
+``profiles/calibration_<device>.json`` (``calibration_file``), which the profile builder reads. Errors are absolute percentage errors
 of the fitted model against every measured row (per operator: median and p90 over num_tokens, all
 models and TP sizes pooled), the numbers profiles/README.md reports.
 """
@@ -18,6 +19,7 @@ from scipy.optimize import least_squares
 
 from kvstudy.costs.arch import ModelArch
 from kvstudy.errors import DataError
+from kvstudy.profiles.devices import CALIBRATED
 from kvstudy.profiles.gpu_model import DEVICES, GEMM_OPS, MLP_OPS, collective_ms, mlp_op_times, op_work, roofline_ms
 
 _ARCH_COLUMNS = ["n_head", "n_kv_head", "n_embd", "n_expanded_embd", "vocab_size", "use_gated_mlp"]
@@ -33,11 +35,19 @@ def _arch_from_row(row: pd.Series, name: str) -> ModelArch:
     )
 
 
-def load_measured_mlp(vidur_data: Path) -> pd.DataFrame:
-    """Every measured MLP row with its model's name: columns num_tokens, tp, model, op, ms."""
-    files = sorted((Path(vidur_data) / "profiling" / "compute" / "a100").glob("*/*/mlp.csv"))
+def calibration_file(device: str) -> Path:
+    """Where a calibrated device's fit lives: profiles/calibration.json for A100 (the first, kept where it was),
+    profiles/calibration_<device>.json for the others."""
+    from kvstudy.running.paths import CALIBRATION_FILE
+
+    return CALIBRATION_FILE if device == "a100" else CALIBRATION_FILE.with_name(f"calibration_{device}.json")
+
+
+def load_measured_mlp(vidur_data: Path, device: str = "a100") -> pd.DataFrame:
+    """Every measured MLP row of ``device`` with its model's name: columns num_tokens, tp, model, op, ms."""
+    files = sorted((Path(vidur_data) / "profiling" / "compute" / device).glob("*/*/mlp.csv"))
     if not files:
-        raise DataError(f"no measured profiles under {vidur_data}/profiling/compute/a100/*/*/mlp.csv")
+        raise DataError(f"no measured profiles under {vidur_data}/profiling/compute/{device}/*/*/mlp.csv")
     frames = []
     for path in files:
         df = pd.read_csv(path)
@@ -53,8 +63,8 @@ def load_measured_mlp(vidur_data: Path) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def _predict(df: pd.DataFrame, op: str, params: Dict[str, float]) -> np.ndarray:
-    device = DEVICES["a100"]
+def _predict(df: pd.DataFrame, op: str, params: Dict[str, float], device: str = "a100") -> np.ndarray:
+    device = DEVICES[device]
     out = np.empty(len(df))
     for (model, tp), idx in df.groupby(["model", "tp"]).groups.items():
         rows = df.loc[idx]
@@ -65,7 +75,7 @@ def _predict(df: pd.DataFrame, op: str, params: Dict[str, float]) -> np.ndarray:
     return out
 
 
-def fit_mlp_ops(measured: pd.DataFrame) -> Dict[str, Dict[str, float]]:
+def fit_mlp_ops(measured: pd.DataFrame, device: str = "a100") -> Dict[str, Dict[str, float]]:
     fitted = {}
     for op in MLP_OPS:
         df = measured[measured["op"] == op].reset_index(drop=True)
@@ -79,7 +89,7 @@ def fit_mlp_ops(measured: pd.DataFrame) -> Dict[str, Dict[str, float]]:
             return p
 
         def residual(x):
-            return np.log(_predict(df, op, unpack(x))) - y
+            return np.log(_predict(df, op, unpack(x), device)) - y
 
         x0 = [np.log(0.005), 1.0] + ([1.0] if gemm else [])
         res = least_squares(residual, x0, loss="soft_l1", f_scale=0.1)
@@ -87,19 +97,20 @@ def fit_mlp_ops(measured: pd.DataFrame) -> Dict[str, Dict[str, float]]:
     return fitted
 
 
-def mlp_errors(measured: pd.DataFrame, params: Dict[str, Dict[str, float]]) -> pd.DataFrame:
+def mlp_errors(measured: pd.DataFrame, params: Dict[str, Dict[str, float]], device: str = "a100") -> pd.DataFrame:
     rows = []
     for op in MLP_OPS:
         df = measured[measured["op"] == op].reset_index(drop=True)
-        ape = np.abs(_predict(df, op, params[op]) / df["ms"].to_numpy() - 1) * 100
+        ape = np.abs(_predict(df, op, params[op], device) / df["ms"].to_numpy() - 1) * 100
         rows.append({"op": op, "rows": len(df), "median_ape_pct": float(np.median(ape)),
                      "p90_ape_pct": float(np.percentile(ape, 90))})
     return pd.DataFrame(rows)
 
 
-def load_measured_network(vidur_data: Path) -> pd.DataFrame:
+def load_measured_network(vidur_data: Path, device: str = "a100") -> pd.DataFrame:
+    """The measured collectives of ``device``'s node types (folders ``<device>_*``)."""
     frames = []
-    for path in sorted((Path(vidur_data) / "profiling" / "network").glob("*/*.csv")):
+    for path in sorted((Path(vidur_data) / "profiling" / "network").glob(f"{device}_*/*.csv")):
         kind = path.stem
         df = pd.read_csv(path)
         col = f"time_stats.{kind}.median"
@@ -107,7 +118,7 @@ def load_measured_network(vidur_data: Path) -> pd.DataFrame:
             "node": path.parent.name, "collective": kind, "workers": df["num_workers"],
             "devices_per_node": df["devices_per_node"], "size": df["size"], "ms": df[col]}))
     if not frames:
-        raise DataError(f"no measured network profiles under {vidur_data}/profiling/network/*/*.csv")
+        raise DataError(f"no measured network profiles under {vidur_data}/profiling/network/{device}_*/*.csv")
     return pd.concat(frames, ignore_index=True)
 
 
@@ -131,22 +142,28 @@ def fit_network(measured: pd.DataFrame) -> List[Dict]:
     return out
 
 
-def calibrate(vidur_data: Path) -> Dict:
-    measured = load_measured_mlp(vidur_data)
-    params = fit_mlp_ops(measured)
-    errors = mlp_errors(measured, params)
-    network = fit_network(load_measured_network(vidur_data))
+def calibrate(vidur_data: Path, device: str = "a100") -> Dict:
+    if device not in CALIBRATED:
+        raise DataError(f"--device {device}: no measurements to calibrate on; allowed {', '.join(CALIBRATED)} "
+                        f"(the others borrow a calibrated GPU's fit, kvstudy/profiles/devices.py)")
+    measured = load_measured_mlp(vidur_data, device)
+    params = fit_mlp_ops(measured, device)
+    errors = mlp_errors(measured, params, device)
+    network = fit_network(load_measured_network(vidur_data, device))
+    models = ", ".join(sorted({m.split("/")[-1] for m in measured["model"]}))
     return {
-        "device": "a100",
-        "source": "Vidur public A100 profiles (mlp.csv of Llama-2-70B, Llama-2-7B, phi-2; all_reduce/send_recv)",
+        "device": device,
+        "source": f"Vidur public {device.upper()} profiles (mlp.csv of {models}; all_reduce/send_recv)"
+        if device != "a100" else
+        "Vidur public A100 profiles (mlp.csv of Llama-2-70B, Llama-2-7B, phi-2; all_reduce/send_recv)",
         "mlp_ops": params,
         "mlp_errors": errors.round(2).to_dict(orient="records"),
         "network": network,
     }
 
 
-def write_calibration(vidur_data: Path, out: Path) -> Dict:
-    result = calibrate(vidur_data)
+def write_calibration(vidur_data: Path, out: Path, device: str = "a100") -> Dict:
+    result = calibrate(vidur_data, device)
     out.write_text(json.dumps(result, indent=1) + "\n")
     return result
 

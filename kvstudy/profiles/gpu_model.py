@@ -16,7 +16,6 @@ send/recv alpha + S / B_link, with (alpha, B) fitted to Vidur's measured all_red
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Dict, Mapping
 
 import numpy as np
@@ -24,37 +23,21 @@ import numpy as np
 from kvstudy.costs.arch import ModelArch
 
 
-@dataclass(frozen=True)
-class Device:
-    name: str
-    peak_tflops: float  # dense FP16/BF16 tensor-core peak
-    hbm_gbps: float  # HBM bandwidth, GB/s
-    memory_gb: float  # usable device memory, GB
-    pcie_gbps: float  # host link, GB/s per direction (theoretical)
-
-
-#: A100-SXM4-80GB datasheet (NVIDIA A100 datasheet, 2021): 312 TFLOPS FP16 dense, 2,039 GB/s HBM2e,
-#: 80 GB; PCIe Gen4 x16 = 32 GB/s per direction (31.5 GB/s after 128b/130b encoding).
-#: NVIDIA L4 (datasheet, 2023): 121 TFLOPS FP16/BF16 dense tensor (242 with sparsity), 300 GB/s GDDR6, 24 GB,
-#: PCIe Gen4 x16. UNCALIBRATED: no L4 measurement exists here; its profiles reuse the A100 fits'
-#: efficiencies (c0, eta, mu) with these peaks (the RR-SJF paper's GPU, for relative results only).
-DEVICES: Dict[str, Device] = {
-    "a100": Device("a100", peak_tflops=312.0, hbm_gbps=2039.0, memory_gb=80.0, pcie_gbps=31.5),
-    "l4": Device("l4", peak_tflops=121.0, hbm_gbps=300.0, memory_gb=24.0, pcie_gbps=31.5),
-}
+# The GPUs (datasheet peaks, which calibration each borrows): kvstudy/profiles/devices.py
+from kvstudy.profiles.devices import DEVICES, Device  # noqa: E402,F401  (re-exported: gpu_model.DEVICES)
 
 #: Operators Vidur's MLP profile holds, in its column order.
 GEMM_OPS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
 ELEMENTWISE_OPS = ("mlp_act", "attn_rope", "input_layernorm", "post_attention_layernorm", "add")
 MLP_OPS = GEMM_OPS + ELEMENTWISE_OPS
 
-#: Attention efficiencies (no measured A100 attention profile is available here; see profiles/README.md).
+#: Attention efficiencies (no measured attention profile is available here; see profiles/README.md).
 #: FlashAttention-2 forward on A100 reaches 180-230 TFLOPS for head dim 128 at 2k-16k tokens (Dao 2023,
-#: Fig. 4: ~60-73% of 312), lower for short sequences: eta(c) = eta_max * c / (c + c_half).
+#: Fig. 4: ~60-73% of 312), lower for short sequences: eta(c) = eta_max * c / (c + c_half), eta_max the device's
+#: ``attention_eta_max`` (0.65 on A100; each device's in devices.py).
 #: Decode attention is bandwidth bound; paged decode kernels reach ~60-70% of HBM bandwidth at large
 #: batch x context (vLLM paged attention, FlashDecoding reports); c0 is a kernel launch (~8 us).
 ATTENTION = {
-    "prefill_eta_max": 0.65,
     "prefill_c_half": 256.0,
     "prefill_c0_ms": 0.010,
     "decode_mu": 0.65,
@@ -123,7 +106,7 @@ def attention_prefill_ms(arch: ModelArch, tp: int, chunk: np.ndarray, kv: np.nda
     d, b = arch.head_dim, arch.dtype_bytes
     flops = 4.0 * c * (kv + c / 2.0) * d * q_local
     nbytes = b * d * (2 * q_local * c + 2 * kv_local * (kv + c))
-    eta = ATTENTION["prefill_eta_max"] * c / (c + ATTENTION["prefill_c_half"])
+    eta = device.attention_eta_max * c / (c + ATTENTION["prefill_c_half"])
     compute = flops / (device.peak_tflops * 1e12 * eta)
     memory = nbytes / (device.hbm_gbps * 1e9 * ATTENTION["decode_mu"])
     return ATTENTION["prefill_c0_ms"] + np.maximum(compute, memory) * 1e3

@@ -5,6 +5,7 @@ gets (``run_context``), and ``simulate``: one config's engine result and summary
 module and the profile files the run reads). Writing a run folder is kvstudy/running/execute.py's job."""
 from __future__ import annotations
 
+import functools
 import time
 import warnings
 from pathlib import Path
@@ -17,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from kvstudy.cluster.driver import drive, merge
 from kvstudy.config.validate import check_config, check_value, options
 from kvstudy.costs.arch import ModelArch
-from kvstudy.costs.capacity import fit_note, resolve_capacity
+from kvstudy.costs.capacity import describe as capacity_describe, fit_note, resolve_capacity
 from kvstudy.costs.predictors import predict
 from kvstudy.engine.assembly import build_engine as assemble_engine
 from kvstudy.engine.loop import StepEngine
@@ -25,7 +26,7 @@ from kvstudy.engine.states import EngineResult
 from kvstudy.errors import ConfigError, KvStudyError
 from kvstudy.latency.models import profile_files
 from kvstudy.latency.tables import HardwareSpec
-from kvstudy.running import provenance
+from kvstudy.running import offered_load, provenance
 from kvstudy.running.compose import compose_policy, plain
 from kvstudy.running.no_effect import no_effect
 from kvstudy.running.outputs import summarize
@@ -75,7 +76,10 @@ def build_policy(cfg: DictConfig):
     return policy
 
 
-def build_requests(cfg: DictConfig, arch: ModelArch, seed_seq: np.random.SeedSequence) -> Tuple[Requests, np.ndarray]:
+def build_requests(cfg: DictConfig, arch: ModelArch, seed_seq: np.random.SeedSequence,
+                   capacity_of=None) -> Tuple[Requests, np.ndarray]:
+    """The run's requests and predictions. ``capacity_of(df) -> requests/s`` is the hardware's capacity on these
+    lengths, for ``demand.load`` (kvstudy/running/offered_load.py; ``_context`` supplies it)."""
     lengths_ss, arrival_ss, predictor_ss = seed_seq.spawn(3)
     wl = plain(cfg.workload)
     name = wl.get("name", "workload")
@@ -94,11 +98,13 @@ def build_requests(cfg: DictConfig, arch: ModelArch, seed_seq: np.random.SeedSeq
                           f"+demand={demand.get('name')} would replace them: leave +demand out")
     if demand is not None:
         rate = demand.get("rate")
-        if rate is None and demand.get("kind", "poisson") == "poisson":
+        if rate is None and demand.get("kind", "poisson") == "poisson" and demand.get("load") is None:
             raise ConfigError(f"+demand={demand.get('name')} has no rate for workload '{name}' (demand.rate); "
                               f"table1_rate needs workload=alpaca, sharegpt or bookcorpus, or set demand.rate")
         if demand.get("scale") is not None and rate is not None:  # +demand=table1_rate: a multiple of the trace's rate
             rate = float(rate) * float(demand["scale"])
+        if demand.get("load") is not None:  # +demand=relative: a fraction of this hardware's capacity
+            rate = _relative_rate(demand, df, capacity_of)
         times = arrivals(demand.get("kind", "poisson"), len(df), np.random.default_rng(arrival_ss), rate)
     elif "arrival_time" in df:
         times = df["arrival_time"].to_numpy()
@@ -115,6 +121,21 @@ def build_requests(cfg: DictConfig, arch: ModelArch, seed_seq: np.random.SeedSeq
     pred_cfg.pop("name", None)
     predicted = predict(kind, requests, np.random.default_rng(predictor_ss), **pred_cfg)
     return requests, predicted
+
+
+def _relative_rate(demand: dict, df, capacity_of) -> float:
+    """demand.load x the hardware's capacity on these requests (kvstudy/running/offered_load.py)."""
+    if demand.get("rate") is not None:
+        raise ConfigError(f"+demand={demand.get('name')} gives both demand.rate={demand['rate']} and demand.load="
+                          f"{demand['load']}; allowed: one of them (load: a fraction of the hardware's capacity, "
+                          f"+demand=relative)")
+    if demand.get("kind", "poisson") != "poisson":
+        raise ConfigError(f"demand.load={demand['load']} sets a Poisson rate; demand.kind={demand.get('kind')} has "
+                          f"none: allowed kind poisson")
+    if capacity_of is None:
+        raise ConfigError("demand.load (a fraction of the hardware's capacity) needs the run's latency model to "
+                          "measure that capacity; this caller builds requests without one: give demand.rate")
+    return float(demand["load"]) * capacity_of(df)
 
 
 def model_setup(cfg: DictConfig, latency: bool = True):
@@ -166,7 +187,16 @@ def _context(cfg: DictConfig, latency: bool) -> RunContext:
     """``run_context`` of a config already checked."""
     arch, hw, capacity, _ = model_setup(cfg, latency=False)
     seed = int(cfg.seed)
-    requests, predicted = build_requests(cfg, arch, np.random.SeedSequence(seed))
+    lat, requests_of = None, build_requests
+    if OmegaConf.select(cfg, "demand.load") is not None:  # the rate follows the hardware's capacity: timed first
+        replicas = OmegaConf.select(cfg, "cluster.replicas", default=1)
+        if replicas != 1:  # one replica's capacity is measured; a cluster's depends on its router: not defined here
+            raise ConfigError(f"demand.load={cfg.demand.load} is relative to one replica's capacity; with "
+                              f"cluster.replicas={replicas} give demand.rate instead (allowed: cluster.replicas=1)")
+        lat = build_latency(cfg, arch, hw, capacity)
+        requests_of = functools.partial(build_requests,
+                                        capacity_of=offered_load.rate_function(cfg, arch, hw, capacity, lat))
+    requests, predicted = requests_of(cfg, arch, np.random.SeedSequence(seed))
     too_long = np.flatnonzero(requests.prompt_tokens > arch.max_model_len)
     if len(too_long):
         i = too_long[0]
@@ -181,8 +211,9 @@ def _context(cfg: DictConfig, latency: bool) -> RunContext:
     if paper_m:
         warnings.warn(paper_m, stacklevel=3)
     return RunContext(cfg=cfg, requests=requests, predicted=predicted, arch=arch, hardware=hw,
-                      latency=build_latency(cfg, arch, hw, capacity) if latency else None, capacity=capacity,
-                      seed=seed, simulate=simulate, build_requests=build_requests, compose_policy=compose_policy,
+                      latency=(lat or build_latency(cfg, arch, hw, capacity)) if latency else None,
+                      capacity=capacity, seed=seed, simulate=simulate, build_requests=requests_of,
+                      compose_policy=compose_policy,
                       instantiate=instantiate)
 
 
@@ -221,13 +252,33 @@ def simulate(cfg: DictConfig) -> Tuple[EngineResult, dict]:
     name = OmegaConf.select(cfg, "policy.name", default=None) or getattr(policy, "name", type(policy).__name__)
     described = latency.describe()
     result.extra = {**result.extra, "policy": name, "model": arch.name, "hardware": hw.name, "seed": seed,
-                    "latency": described, "simulate_seconds": round(time.perf_counter() - sim_started, 3),
+                    **_hardware_record(cfg, arch, hw, ctx), "latency": described,
+                    "simulate_seconds": round(time.perf_counter() - sim_started, 3),
                     "wall_seconds": round(time.perf_counter() - started, 3),
                     "provenance": provenance.record(policy_target(cfg), profile_paths(cfg), described)}
     if callable(after) and replicas == 1:
         after(result, ctx)
     _settle_rejections(cfg, result)
     return result, summarize(result)
+
+
+def _hardware_record(cfg: DictConfig, arch: ModelArch, hw: HardwareSpec, ctx: RunContext) -> dict:
+    """What the summary says of the hardware: the KV capacity and how it came about, whether the GPU's profiles are
+    calibrated on its own measurements (kvstudy/profiles/devices.py), and the offered load's capacity and rate."""
+    from kvstudy.profiles.devices import DEVICES
+
+    out = {"kv_capacity": capacity_describe(cfg.memory.capacity_tokens, arch, hw, ctx.capacity)}
+    gpu = DEVICES.get(hw.device)
+    own = any((plain(cfg.hardware).get("profiles") or {}).values())
+    if gpu is not None and not gpu.calibrated and not own:
+        out["hardware_note"] = (f"{hw.device} uncalibrated: no measurement of it; {gpu.calibration}'s fitted "
+                                f"efficiencies with {hw.device}'s datasheet peaks (kvstudy/profiles/devices.py)")
+    demand = plain(cfg.demand) if OmegaConf.select(cfg, "demand") is not None else {}
+    if demand.get("load") is not None:
+        cap = offered_load.capacity_rate(cfg, arch, hw, ctx.capacity, ctx.latency, ctx.requests.prompt_tokens,
+                                         ctx.requests.output_tokens)  # the rate's own (memoised)
+        out["offered_load"] = {"load": float(demand["load"]), "capacity_rps": cap, "rate": float(demand["load"]) * cap}
+    return out
 
 
 #: a run that served every request it could but rejected some up front (``reject_reason``), not accepted by the

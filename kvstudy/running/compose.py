@@ -27,6 +27,14 @@ def compose(overrides: Iterable[str] = ()) -> DictConfig:
         raise ConfigError(f"cannot compose the config from {' '.join(overrides)}: {first}") from None
 
 
+def compose_group(group: str, option: str) -> DictConfig:
+    """conf/<group>/<option>.yaml as ``<group>=<option>`` composes it (inside a Hydra app through the app's Hydra)."""
+    override = f"{group}={option}"
+    if GlobalHydra.instance().is_initialized():
+        return hydra_compose(config_name="config", overrides=[override])[group]
+    return compose([override])[group]
+
+
 def compose_policy(name: str) -> DictConfig:
     """conf/policy/<name>.yaml as ``+policy=<name>`` composes it; inside a Hydra app (a sweep's run) through the
     app's own Hydra (a second initialisation is refused there)."""

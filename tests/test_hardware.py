@@ -41,7 +41,7 @@ def test_every_device_builds(device, tmp_path):
 
 def test_devices_follow_their_datasheets(tmp_path):
     """H200 is an H100 with faster memory: the same compute-bound GEMM times, faster bandwidth-bound decodes; an A40
-    with a fifth of A100's memory bandwidth and half its compute is slower at both."""
+    with a third of A100's memory bandwidth and half its compute is slower at both."""
     h100, h100_att = _build("h100", root=tmp_path)
     h200, h200_att = _build("h200", root=tmp_path)
     a100, a100_att = _build("a100", root=tmp_path)
@@ -93,7 +93,7 @@ def test_h100_calibration_against_vidur_real_h100_measurements():
         if fit["collective"] == "all_reduce" and fit["workers"] == fit["devices_per_node"]:
             assert fit["median_ape_pct"] <= 10.0, fit
     committed = json.loads(calibration_file("h100").read_text())
-    assert committed["mlp_ops"] == result["mlp_ops"] and committed["device"] == "h100"
+    assert committed == json.loads(json.dumps(result))  # every fit and error, as `calibrate --device h100` writes
 
 
 @needs_shared
@@ -125,12 +125,25 @@ def test_generated_profiles_equal_the_build_command(tmp_path, monkeypatch):
     assert main(["build", "--device", "a40", "--models", "opt_13b", "--out", str(tmp_path / "out")]) == 0
     for name in ("mlp.csv", "attention.csv"):
         assert (tmp_path / "out/compute/a40/opt_13b" / name).read_bytes() == (files.mlp.parent / name).read_bytes()
+    # built once: a second run reads the same files
+    stamp = files.mlp.stat().st_mtime_ns
+    assert profile_files(arch, HardwareSpec("a40_tp1", "a40", "a40_pairwise_nvlink", 1)).mlp == files.mlp
+    assert files.mlp.stat().st_mtime_ns == stamp
+    # another calibration is another build, in another folder
+    from kvstudy.profiles import calibration as calibration_module
+
+    changed = json.loads(calibration_file("a100").read_text())
+    changed["mlp_ops"]["mlp_up_proj"]["eta"] /= 2
+    (tmp_path / "calibration.json").write_text(json.dumps(changed))
+    monkeypatch.setattr(calibration_module, "calibration_file", lambda device: tmp_path / "calibration.json")
+    other = profile_files(arch, HardwareSpec("a40_tp1", "a40", "a40_pairwise_nvlink", 1))
+    assert other.mlp != files.mlp and other.mlp.read_bytes() != files.mlp.read_bytes()
 
 
 @pytest.mark.parametrize("hardware", NEW_HARDWARE)
 def test_hardware_configs_run_the_main_job(hardware):
-    """`python -m kvstudy +policy=mcsf +demand=high hardware=...` (in process, linear latency: the Vidur-timed run is
-    the next test's), KV capacity auto where the model fits."""
+    """`python -m kvstudy +policy=mcsf +demand=high hardware=...` as typed (in process, linear latency: the Vidur-timed
+    runs are the next test's): the default capacity, M = 16,492, said to be the paper's A100 number."""
     cfg = api.compose(["+policy=mcsf", "+demand=high", f"hardware={hardware}", "latency=linear",
                        "workload.num_requests=60", "engine.progress=false"])
     result, summary = api.simulate(cfg)
@@ -140,8 +153,10 @@ def test_hardware_configs_run_the_main_job(hardware):
 
 @pytest.mark.parametrize("hardware", ["h100_tp2", "h200_tp2", "a40_tp4"])
 def test_study_hardware_runs_timed_by_vidur(hardware):
+    # latency.max_tokens: the table the 60 requests need (auto would size it to H200's 341,288-token cache: minutes)
     cfg = api.compose(["+policy=vllm", "memory=paged", "memory.capacity_tokens=auto", "+demand=high",
-                       f"hardware={hardware}", "workload.num_requests=60", "engine.progress=false"])
+                       f"hardware={hardware}", "workload.num_requests=60", "engine.progress=false",
+                       "latency.max_tokens=16384"])
     result, summary = api.simulate(cfg)
     assert summary["status"] == "completed" and summary["latency"]["name"] == "vidur"
     assert summary["kv_capacity"].startswith(f"{summary['capacity_tokens']:,} tokens (auto")
@@ -187,9 +202,11 @@ def test_offered_load_is_a_fraction_of_an_independently_measured_capacity():
 
 
 @pytest.mark.parametrize("overrides, match", [
-    (["+demand=high", "+demand.load=0.5"], "both demand.rate=50.0 and demand.load=0.5"),
+    (["+demand=high", "+demand.load=0.5"], "both demand.rate=50.0 \\(given, or the workload's own rate\\) and demand.load=0.5"),
     (["+demand=offline", "+demand.load=0.5"], "demand.kind=offline has none"),
-    (["+demand=relative", "demand.load=0"], "demand.load"),
+    (["+demand=relative", "demand.load=0"], "demand.load.*allowed"),
+    (["+demand=relative", "+demand.scale=3"], "demand.scale=3 scales demand.rate, which demand.load=1.0 replaces"),
+    (["+demand=relative", "demand.load=null"], "no rate for workload 'lmsys' \\(demand.rate, or demand.load"),
     (["+demand=relative", "cluster.replicas=2"], "relative to one replica's capacity; with cluster.replicas=2"),
 ])
 def test_offered_load_refusals(overrides, match):
@@ -207,3 +224,63 @@ def test_profile_command_refuses_unknown_devices_in_one_line(argv, match, tmp_pa
     assert main([*argv, "--out", str(tmp_path / "x.json" if argv[0] == "calibrate" else tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and match in err, err
+
+
+def test_capacity_is_measured_per_setting_not_reused_across_them():
+    """The memoised capacity is keyed by everything it depends on: two KV capacities in one process, two capacities,
+    each the one a separate burst run gives."""
+    common = ["latency=linear", "workload.num_requests=120", "engine.progress=false"]
+    seen = []
+    for kv in (2000, 6000):
+        _, burst = api.simulate(api.compose(["+policy=vllm", "memory=paged", "+demand=offline",
+                                             f"memory.capacity_tokens={kv}", *common]))
+        _, run = api.simulate(api.compose(["+policy=mcsf", "+demand=relative", f"memory.capacity_tokens={kv}",
+                                           *common]))
+        assert run["offered_load"]["capacity_rps"] == pytest.approx(burst["completed"] / burst["makespan"], rel=1e-9)
+        seen.append(run["offered_load"]["capacity_rps"])
+    assert seen[0] != seen[1]
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (CONF_DIR / "hardware").glob("*.yaml")))
+def test_hardware_configs_agree_with_the_device_registry(name):
+    """A hardware YAML's memory and host link are its device's datasheet numbers (kvstudy/profiles/devices.py), and
+    it says "calibrated: false" exactly when the device is."""
+    import yaml
+
+    cfg = yaml.safe_load((CONF_DIR / "hardware" / f"{name}.yaml").read_text())
+    gpu = devices.DEVICES[cfg["device"]]
+    assert cfg["memory_gb_per_gpu"] == gpu.memory_gb and cfg["pcie_gbps"] == gpu.pcie_gbps
+    assert cfg.get("calibrated", True) == gpu.calibrated
+    assert cfg["node"] in devices.NODES
+
+
+def test_build_takes_the_calibrations_own_device_and_refuses_another(tmp_path, capsys):
+    from kvstudy.profiles.__main__ import main
+
+    h100 = str(calibration_file("h100"))
+    assert main(["build", "--calibration", h100, "--models", "llama32_1b", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "compute/h100/llama32_1b/mlp.csv").exists()
+    capsys.readouterr()
+    assert main(["build", "--device", "a40", "--calibration", h100, "--models", "llama32_1b",
+                 "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--device a40 rests on the a100 calibration, not the h100 one" in err
+    assert not (tmp_path / "x").exists()
+
+
+def test_cacheopt_calibration_draw_is_the_same_under_a_relative_load():
+    """CacheOPT's calibration draw keeps only lengths and predictions: under +demand=relative it is drawn with arrivals
+    at 0 (no capacity run of its 6,000 requests), the same lengths and predictions as under a given rate."""
+    from kvstudy.running.assemble import build_requests
+
+    base = ["+policy=cacheopt", "memory=paged", "workload=sharegpt", "predictor=lognormal_noise", "latency=linear",
+            "workload.num_requests=50"]
+    seq = lambda: np.random.SeedSequence(0, spawn_key=(12,))
+    cfg = api.compose(base + ["+demand=offline"])
+    arch = load_model_arch("llama2_70b")
+    req, pred = build_requests(cfg, arch, seq())
+    cfg2 = api.compose(base + ["+demand=high"])
+    req2, pred2 = build_requests(cfg2, arch, seq())
+    assert np.array_equal(req.output_tokens, req2.output_tokens) and np.array_equal(pred, pred2)
+    _, summary = api.simulate(api.compose(base + ["+demand=relative", "demand.load=0.5"]))
+    assert summary["status"] == "completed"

@@ -59,6 +59,8 @@ def calibration(ctx: RunContext, policy, under) -> dict:
         return error_ranges(ctx.requests.output_tokens, ctx.predicted, under)
     cal = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     cal.workload.num_requests = int(policy.calibration_requests)
+    if OmegaConf.select(cal, "demand.load") is not None:  # only lengths and predictions are used: arrivals at 0
+        cal.demand = {"name": "offline", "kind": "offline"}  # rather than a capacity run of these requests
     req, pred = ctx.build_requests(cal, ctx.arch, np.random.SeedSequence(seed, spawn_key=(12,)))
     dirs = direction(req.output_tokens, pred, np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(13,))),
                      policy.direction_accuracy)

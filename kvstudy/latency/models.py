@@ -162,7 +162,7 @@ def profile_files(arch: ModelArch, hw: HardwareSpec, profiles_root: Optional[str
         available = sorted(p.parent.name for p in (root / "compute" / hw.device).glob("*/mlp.csv"))
         raise ConfigError(f"no profiles for model '{arch.name}' on device '{hw.device}' (looked for {compute}/mlp.csv); "
                           f"profiled models: {', '.join(available) or 'none'}; build them with "
-                          f"`python -m kvstudy.profiles build --models {arch.name}`")
+                          f"`python -m kvstudy.profiles build --device {hw.device} --models {arch.name}`")
     return ProfileFiles(compute / "mlp.csv", compute / "attention.csv", network / "all_reduce.csv",
                         network / "send_recv.csv")
 

@@ -203,7 +203,7 @@ VIDUR_DEVICES = ("a40", "a100", "h100", "l40")
 
 
 def replica_config(arch: ModelArch, hw: HardwareSpec) -> ReplicaConfig:
-    """Vidur's replica description. A GPU Vidur does not know (kvstudy's uncalibrated ``l4``) is named
+    """Vidur's replica description. A GPU Vidur does not know (kvstudy's ``h200`` and ``l4``) is named
     ``a100`` here: kvstudy hands the predictor its own profile files, so Vidur's SKU entry only feeds Vidur's
     memory planning, which kvstudy does not use (the KV capacity is kvstudy's ``memory.capacity_tokens``)."""
     device = hw.device if hw.device in VIDUR_DEVICES else "a100"

@@ -10,7 +10,7 @@ from pathlib import Path
 from kvstudy.errors import ConfigError, DataError, cli_entry
 from kvstudy.profiles.calibration import calibration_file
 from kvstudy.profiles.devices import CALIBRATED, DEVICES, device
-from kvstudy.running.paths import (CONF_DIR, PROFILES_DIR, SHARED_REFERENCE, load_model_arch,
+from kvstudy.running.paths import (CONF_DIR, REPO_ROOT, PROFILES_DIR, SHARED_REFERENCE, load_model_arch,
                                  prepare_dir, prepare_file)
 
 
@@ -19,18 +19,20 @@ def _check_paths(args) -> None:
     kvstudy/running/paths.py (a file, a path under a file, a folder that cannot be written): one line each, before
     any work."""
     if args.command == "calibrate":
-        if not args.vidur_data.is_dir():
-            raise ConfigError(f"--vidur-data {args.vidur_data}: not a folder; allowed: a checkout of Vidur's data/ "
-                              f"(profiling/compute/{args.device}/...)")
         if args.device not in CALIBRATED:
             raise ConfigError(f"--device {args.device}: no measurements to calibrate on; allowed {', '.join(CALIBRATED)} "
                               f"(the others borrow a calibrated GPU's fit: kvstudy/profiles/devices.py)")
+        if not args.vidur_data.is_dir():
+            raise ConfigError(f"--vidur-data {args.vidur_data}: not a folder; allowed: a checkout of Vidur's data/ "
+                              f"(profiling/compute/{args.device}/...)")
         if args.out is None:
             args.out = calibration_file(args.device)
         prepare_file(args.out, "--out", fix="allowed: a .json file path")  # its folder made: written without mkdir
     if args.command == "build":
-        if args.calibration is None:
-            args.calibration = calibration_file(device(args.device).calibration)
+        if args.device is not None:
+            device(args.device)  # a GPU the builder knows, before anything is read
+        if args.calibration is None:  # the calibration the device rests on (no device: A100's, as before issue 48)
+            args.calibration = calibration_file(device(args.device or "a100").calibration)
         if args.calibration.exists() and not args.calibration.is_file():
             raise ConfigError(f"--calibration {args.calibration}: not a regular file; allowed: the JSON "
                               f"`python -m kvstudy.profiles calibrate` writes")
@@ -55,9 +57,10 @@ def main(argv=None) -> int:
                        help="model config names, or paths of model YAMLs outside the checkout (default: all of conf/model)")
     build.add_argument("--calibration", type=Path, default=None,
                        help="default: the calibration the device rests on (kvstudy/profiles/devices.py)")
-    build.add_argument("--device", default="a100",
+    build.add_argument("--device", default=None,
                        help=f"GPU: {', '.join(DEVICES)} ({', '.join(CALIBRATED)} calibrated on their own measurements; "
-                            "the others on a calibrated GPU's fit with their own datasheet peaks: uncalibrated)")
+                            "the others on a calibrated GPU's fit with their own datasheet peaks: uncalibrated); "
+                            "default: the calibration's own GPU (a100 with the default --calibration)")
     args = parser.parse_args(argv)
     _check_paths(args)
     if args.command == "calibrate":
@@ -79,13 +82,17 @@ def main(argv=None) -> int:
     archs = [load_model_arch(name) for name in names]  # every model checked before the first file is written
     for arch in archs:
         check_group("model", asdict(arch))
-    gpu = device(args.device)
+    gpu = device(args.device or calib["device"])
+    if gpu.calibration != calib["device"]:  # before anything is written or said of the device
+        raise ConfigError(f"--device {gpu.name} rests on the {gpu.calibration} calibration, not the {calib['device']} "
+                          f"one in --calibration {args.calibration}; allowed: "
+                          f"{calibration_file(gpu.calibration).relative_to(REPO_ROOT)} (the default)")
     if not gpu.calibrated:
         print(f"{gpu.name}: uncalibrated (no measurement of this GPU: the {gpu.calibration} fit's efficiencies with "
               f"{gpu.name}'s datasheet peaks: {gpu.source})")
     started = time.perf_counter()
     for arch in archs:
-        for path in build_model(arch, calib, args.out, device=args.device):
+        for path in build_model(arch, calib, args.out, device=gpu.name):
             print(f"wrote {path}")
     for path in build_network(calib, args.out):
         print(f"wrote {path}")

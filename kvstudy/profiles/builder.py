@@ -141,8 +141,7 @@ def _network_fits(calib: Dict, node: str) -> Dict[tuple, Dict]:
     source = spec.derived or node
     fits = {(f["collective"], f["workers"], f["devices_per_node"]): f for f in calib["network"] if f["node"] == source}
     if spec.derived:
-        fits = {key: ({**f, "bus_gbps": f["bus_gbps"] * spec.bus_scale[key[1]]}
-                      if key[0] == "all_reduce" and key[1] == key[2] and key[1] in spec.bus_scale else f)
+        fits = {key: {**f, "bus_gbps": f["bus_gbps"] * spec.bus_scale[key]} if key in spec.bus_scale else f
                 for key, f in fits.items()}
     return fits
 

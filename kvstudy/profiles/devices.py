@@ -71,32 +71,36 @@ CALIBRATED = ("a100", "h100")
 class NodeSpec:
     """A node type's collectives: ``workers`` the all-reduce sizes profiled (all inside one node). Measured by Vidur
     for ``calibration`` (fitted from its files), or ``derived`` from a measured node: ``bus_scale`` multiplies that
-    node's fitted bus bandwidth of each all-reduce size in ``bus_scale``'s keys (other sizes and send/recv as
-    measured there)."""
+    node's fitted bandwidth of each (collective, workers, devices per node) in its keys; the others as measured
+    there."""
     name: str
     workers: Tuple[int, ...]
     calibration: str  # the calibrated GPU whose measurements (or derivation) it rests on
     derived: Optional[str] = None  # the measured node it is derived from
-    bus_scale: Dict[int, float] = field(default_factory=dict)
+    bus_scale: Dict[Tuple[str, int, int], float] = field(default_factory=dict)
     source: str = ""
 
 
 #: A40's NVLink bridge joins two GPUs at 112.5 GB/s bidirectional (56.25 per direction); the A100 node it is derived
-#: from links its pairs at 600 GB/s bidirectional (300 per direction; A100 datasheet), so a 2-GPU ring runs at
-#: 56.25 / 300 of A100's measured bus bandwidth. A 4-GPU ring crosses PCIe Gen4 in both nodes (A100's measured 4-way
-#: bus bandwidth is 23.6 GB/s, PCIe-bound): kept as measured; send/recv likewise (PCIe, devices per node 1).
+#: from links its pairs at 600 GB/s bidirectional (300 per direction; A100 datasheet), so a 2-GPU ring and a send/recv
+#: between the two GPUs of a pair run at 56.25 / 300 of A100's measured bandwidth. A 4-GPU ring crosses PCIe Gen4 in
+#: both nodes (A100's measured 4-way bus bandwidth is 23.6 GB/s, PCIe-bound), and so does a send/recv between nodes
+#: (devices per node 1): kept as measured.
+#: Vidur's h100_pairwise_nvlink/send_recv.csv is byte for byte its a100_pairwise_nvlink one (the same md5): that
+#: node's send/recv "fit to H100 measurements" is A100's.
 NODES: Dict[str, NodeSpec] = {
     "a100_pairwise_nvlink": NodeSpec("a100_pairwise_nvlink", (2, 4), "a100",
                                      source="Vidur's measured all_reduce.csv / send_recv.csv"),
     "a100_dgx": NodeSpec("a100_dgx", (2, 4, 8), "a100", source="Vidur's measured all_reduce.csv / send_recv.csv"),
     "h100_pairwise_nvlink": NodeSpec("h100_pairwise_nvlink", (2, 4), "h100",
-                                     source="Vidur's measured all_reduce.csv / send_recv.csv"),
+                                     source="Vidur's measured all_reduce.csv; its send_recv.csv is A100's (identical "
+                                            "files)"),
     "h100_dgx": NodeSpec("h100_dgx", (2, 4, 8), "h100", source="Vidur's measured all_reduce.csv / send_recv.csv"),
     "a40_pairwise_nvlink": NodeSpec("a40_pairwise_nvlink", (2, 4), "a100", derived="a100_pairwise_nvlink",
-                                    bus_scale={2: 56.25 / 300.0},
+                                    bus_scale={("all_reduce", 2, 2): 56.25 / 300.0, ("send_recv", 2, 2): 56.25 / 300.0},
                                     source="derived from a100_pairwise_nvlink: NVLink bridge 112.5 GB/s bidirectional "
-                                           "(A40 datasheet) against A100's 600 GB/s; 4-way and send/recv over PCIe Gen4 "
-                                           "as measured on A100"),
+                                           "(A40 datasheet) against A100's 600 GB/s inside a pair; 4-way all-reduce and "
+                                           "send/recv between nodes over PCIe Gen4 as measured on A100"),
 }
 
 

@@ -99,8 +99,9 @@ def build_requests(cfg: DictConfig, arch: ModelArch, seed_seq: np.random.SeedSeq
     if demand is not None:
         rate = demand.get("rate")
         if rate is None and demand.get("kind", "poisson") == "poisson" and demand.get("load") is None:
-            raise ConfigError(f"+demand={demand.get('name')} has no rate for workload '{name}' (demand.rate); "
-                              f"table1_rate needs workload=alpaca, sharegpt or bookcorpus, or set demand.rate")
+            raise ConfigError(f"+demand={demand.get('name')} has no rate for workload '{name}' (demand.rate, or "
+                              f"demand.load for a fraction of the hardware's capacity); table1_rate needs "
+                              f"workload=alpaca, sharegpt or bookcorpus, or set demand.rate")
         if demand.get("scale") is not None and rate is not None:  # +demand=table1_rate: a multiple of the trace's rate
             rate = float(rate) * float(demand["scale"])
         if demand.get("load") is not None:  # +demand=relative: a fraction of this hardware's capacity
@@ -126,9 +127,12 @@ def build_requests(cfg: DictConfig, arch: ModelArch, seed_seq: np.random.SeedSeq
 def _relative_rate(demand: dict, df, capacity_of) -> float:
     """demand.load x the hardware's capacity on these requests (kvstudy/running/offered_load.py)."""
     if demand.get("rate") is not None:
-        raise ConfigError(f"+demand={demand.get('name')} gives both demand.rate={demand['rate']} and demand.load="
-                          f"{demand['load']}; allowed: one of them (load: a fraction of the hardware's capacity, "
-                          f"+demand=relative)")
+        raise ConfigError(f"+demand={demand.get('name')} gives both demand.rate={demand['rate']} (given, or the "
+                          f"workload's own rate) and demand.load={demand['load']}; allowed: one of them (load: a "
+                          f"fraction of the hardware's capacity, +demand=relative)")
+    if demand.get("scale") is not None:
+        raise ConfigError(f"demand.scale={demand['scale']} scales demand.rate, which demand.load={demand['load']} "
+                          f"replaces; allowed: demand.load alone (scale the load instead)")
     if demand.get("kind", "poisson") != "poisson":
         raise ConfigError(f"demand.load={demand['load']} sets a Poisson rate; demand.kind={demand.get('kind')} has "
                           f"none: allowed kind poisson")
@@ -269,7 +273,8 @@ def _hardware_record(cfg: DictConfig, arch: ModelArch, hw: HardwareSpec, ctx: Ru
 
     out = {"kv_capacity": capacity_describe(cfg.memory.capacity_tokens, arch, hw, ctx.capacity)}
     gpu = DEVICES.get(hw.device)
-    own = any((plain(cfg.hardware).get("profiles") or {}).values())
+    profiles = plain(cfg.hardware).get("profiles") or {}
+    own = profiles.get("root") or profiles.get("compute_dir")  # compute profiles of one's own (network alone: not)
     if gpu is not None and not gpu.calibrated and not own:
         out["hardware_note"] = (f"{hw.device} uncalibrated: no measurement of it; {gpu.calibration}'s fitted "
                                 f"efficiencies with {hw.device}'s datasheet peaks (kvstudy/profiles/devices.py)")

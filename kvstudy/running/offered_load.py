@@ -11,7 +11,9 @@ second this hardware sustains on these requests when it always has work (the sat
 reference because every paper compares against it). rho < 1 is a stable queue for vLLM, rho > 1 an overloaded one
 (the MC-SF paper's high demand). The capacity and the rate are recorded in the run's summary (``offered_load``).
 The capacity run is deterministic (no randomness: all arrivals at 0, true lengths) and memoised per process.
-One replica only: a cluster's capacity depends on its router, so ``demand.load`` with ``cluster.replicas > 1`` is
+The capacity run's memory is ``memory=paged`` as composed (blocks of 16, vLLM's watermark, 4 GB of swap, no prefix
+caching) with the run's capacity in tokens, whatever the run's own memory settings: a capacity of the hardware for
+these requests, the same for every policy and memory setting compared on it. One replica only: a cluster's capacity depends on its router, so ``demand.load`` with ``cluster.replicas > 1`` is
 refused (give ``demand.rate``).
 """
 from __future__ import annotations

@@ -32,6 +32,7 @@ from kvstudy.engine import records
 from kvstudy.errors import KvStudyError
 from kvstudy.engine.states import ELSEWHERE, REJECTED, EngineResult
 from kvstudy.engine.loop import IDLE
+from kvstudy.memory.offload import merged_summary
 
 
 class ReplicaView:
@@ -198,6 +199,11 @@ def merge(engines: Sequence, results: Sequence[EngineResult], routed: np.ndarray
         extra["policy_us_per_iteration"] = round(1e6 * seconds / max(1, len(iterations)), 2)
     if "prefix_cache" in extra:
         extra["prefix_cache"] = records.prefix_summary(requests, iterations)
+    if "offload" in extra:  # the replicas' tiers (or their shared pool), over every request
+        started = requests["first_scheduled_time"].notna()
+        extra["offload"] = merged_summary([res.extra["offload"] for res in results],
+                                          int(requests.loc[started, "prompt_tokens"].sum()),
+                                          engines[0].memory.block_size, int(requests["offload_loaded_tokens"].sum()))
     if "cacheopt" in extra:  # CacheOPT's counters, over every replica's policy
         parts = [res.extra["cacheopt"] for res in results]
         causes = {}

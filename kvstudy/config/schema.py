@@ -312,7 +312,16 @@ SCHEMA: Dict[str, Group] = {
         "kvstudy.memory.PaperMemory": {},
         "kvstudy.memory.PagedMemory": {"block_size": whole(ge=1, le=1 << 16, power_of_two=True, unit="tokens"),
                                        "watermark": fraction(), "swap_space_gb": number(ge=0.0, le=1e9, unit="GiB"),
-                                       "decode_block_check": choice("vllm", "boundary"), "prefix_caching": flag()},
+                                       "decode_block_check": choice("vllm", "boundary"), "prefix_caching": flag(),
+                                       # KV offload tiers (kvstudy/memory/offload.py): a tier is present when its size is
+                                       # given; 1e9 GB is unlimited for any run
+                                       **{f"offload.{tier}_{what}": spec for tier in ("host", "disk") for what, spec in (
+                                           ("gb", number(gt=0.0, le=1e12, null=True, unit="GB per GPU")),
+                                           ("read_gbps", number(gt=0.0, le=1e5, unit="GB/s per GPU")),
+                                           ("write_gbps", number(gt=0.0, le=1e5, unit="GB/s per GPU")))},
+                                       "offload.load": choice("blocking", "overlapped"),
+                                       "offload.choice": choice("auto", "load", "recompute"),
+                                       "offload.shared": flag()},
     }),
     "swap": Group({"name": NAME, "overlap": flag()}, by="_target_", options={
         "kvstudy.costs.swap_models.PcieSwap": {"efficiency": number(gt=0.0, le=1.0),

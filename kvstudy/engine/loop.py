@@ -144,6 +144,13 @@ class StepEngine:
             raise KvStudyError(f"memory={mem.name} needs the model and hardware (host space, copy sizes)")
         if mem.prefix_caching:
             mem.set_segments(r.segments)
+        # KV offload tiers (kvstudy/memory/offload.py): their loads are timed with each iteration (``_time``); a
+        # prefix found in a tier is loaded or recomputed by the latency model's prefill time of it
+        self.offload = getattr(mem, "offload", None)
+        if self.offload is not None:
+            self.offload.num_layers = max(1, self.arch.num_layers // self.hw.pipeline_parallel)
+            seconds = self.seconds
+            self.offload.recompute_seconds = lambda tokens, context: seconds([(tokens, context)], 0, 0, 0)
         own_order = self.adapted or bool(getattr(self.policy, "own_queue_order", False))
         self.state = st = RunState(r, self.predicted, self.paper, mem.block_size if mem.tracks_blocks else 0,
                                    mem.gpu, own_queue_orders=own_order)
@@ -552,6 +559,8 @@ class StepEngine:
         else:
             gen_sum = sum(st.clock.tokens[i] for i in d.decode) if d.decode and self.needs_generated else 0
         compute = self.seconds(batch.chunks, n_dec, ctx_now, gen_sum)
+        if self.offload is not None:  # the loads its prefills started: waited for, or layer by layer
+            compute = self.offload.iteration_seconds(compute)
         swap_s = batch.swap_seconds
         return max(compute, swap_s) if self.overlap else compute + swap_s
 

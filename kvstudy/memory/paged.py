@@ -36,9 +36,11 @@ validating a policy's decision against them. ``PagedMemory(..., prefix_caching=T
 """
 from __future__ import annotations
 
+from typing import Dict, Optional
 
 from kvstudy.config.validate import check_group
 from kvstudy.errors import ConfigError
+from kvstudy.memory.offload import from_config as offload_tiers
 from kvstudy.memory.prefix import BlockKeys, PrefixCache
 
 OK, LATER, NEVER = "ok", "later", "never"
@@ -62,11 +64,20 @@ class PagedMemory:
 
     def __init__(self, capacity_tokens: int, block_size: int = 16, watermark: float = 0.01,
                  swap_space_gb: float = 4.0, decode_block_check: str = "vllm", name: str = "paged",
-                 prefix_caching: bool = False) -> None:
+                 prefix_caching: bool = False, offload: Optional[dict] = None) -> None:
         # every value against its declaration in kvstudy/config/schema.py (one place), then the rule between two
         check_group("memory", {"_target_": "kvstudy.memory.PagedMemory", "capacity_tokens": capacity_tokens,
                                "block_size": block_size, "watermark": watermark, "swap_space_gb": swap_space_gb,
-                               "decode_block_check": decode_block_check, "prefix_caching": prefix_caching})
+                               "decode_block_check": decode_block_check, "prefix_caching": prefix_caching,
+                               **({"offload": dict(offload)} if offload else {})})
+        if offload and not prefix_caching:
+            raise ConfigError("memory.offload: the tiers hold the prefix cache's evicted blocks; allowed with "
+                              "memory.prefix_caching=true only (memory=paged_offload sets both)")
+        #: the KV offload tiers behind the prefix cache (kvstudy/memory/offload.py), or None
+        try:
+            self.offload = offload_tiers(dict(offload) if offload else None)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         if int(capacity_tokens) < block_size:
             raise ConfigError(f"memory.capacity_tokens={capacity_tokens}: less than one block of "
                               f"memory.block_size={block_size} tokens")
@@ -257,7 +268,8 @@ class PagedMemory:
         return {"name": self.name, "capacity_tokens": self.capacity_tokens, "block_size": self.block_size,
                 "num_blocks": self.num_blocks, "watermark_blocks": self.watermark_blocks,
                 "swap_space_gb": self.swap_space_gb, "host_blocks": self.host_blocks_total,
-                **({"prefix_caching": True} if self.prefix_caching else {})}
+                **({"prefix_caching": True} if self.prefix_caching else {}),
+                **({"offload": self.offload.describe()} if self.offload is not None else {})}
 
     def __repr__(self) -> str:
         return f"PagedMemory({self.num_blocks} blocks of {self.block_size}, watermark {self.watermark_blocks})"
@@ -275,6 +287,10 @@ class PrefixCachingMemory(PagedMemory):
         super().bind(kv_bytes_per_token_per_gpu)
         self.cache = PrefixCache(self.num_blocks)
         self._keys, self._memo = BlockKeys(self.block_size), {}
+        self.loaded: Dict[int, int] = {}  # request -> prompt tokens loaded from an offload tier (all its prefills)
+        if self.offload is not None:
+            self.offload.bind(self.block_bytes_per_gpu)
+            self.cache.on_evict = self.offload.put
 
     def set_segments(self, segments) -> None:
         super().set_segments(segments)
@@ -326,8 +342,13 @@ class PrefixCachingMemory(PagedMemory):
         return self._keys(segments, computed)
 
     def cached_tokens(self, i: int, tokens: int) -> int:
-        """Its longest cached prefix of whole blocks, at most tokens - 1."""
-        return self.cache.hit(self.keys(i, tokens), (tokens - 1) // self.block_size) * self.block_size
+        """Its longest cached prefix of whole blocks, at most tokens - 1 (with offload tiers: and the blocks after it a
+        tier holds, if they would be loaded)."""
+        keys, most = self.keys(i, tokens), (tokens - 1) // self.block_size
+        hit = self.cache.hit(keys, most)
+        if self.offload is not None:
+            hit += self.offload.plan(keys, hit, most, self.block_size)
+        return hit * self.block_size
 
     def start_blocks(self, i: int, tokens: int, dropped=()) -> int:
         """Its blocks less those it shares with running requests (``dropped``: keys whose users are all preempted
@@ -346,8 +367,18 @@ class PrefixCachingMemory(PagedMemory):
         keys = self.keys(i, tokens)
         self._memo.pop(i, None)
         bs = self.block_size
-        hit = self.cache.acquire(i, keys, blocks, (tokens - 1) // bs, upto=0)
+        most = (tokens - 1) // bs
+        hit = self.cache.acquire(i, keys, blocks, most, upto=0)
         self.used = self.cache.used
+        if self.offload is not None:  # the blocks after the GPU's hit a tier holds: loaded, or recomputed
+            load = self.offload.plan(keys, hit, most, bs)
+            if load:
+                self.offload.load(keys, hit, load)
+                self.cache.advance(i, hit + load)  # their KV is here: cached as the request's computed blocks
+                self.loaded[i] = self.loaded.get(i, 0) + load * bs
+                hit += load
+            else:
+                self.offload.skipped(keys, hit, most)
         return hit * bs
 
     def advance(self, i: int, computed: int) -> None:

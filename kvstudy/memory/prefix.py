@@ -79,8 +79,9 @@ class LruKeys:
     def remove(self, key: Hashable) -> None:
         del self.where[key]
 
-    def pop_first(self, count: int) -> int:
-        """Remove the ``count`` keys added first (fewer if fewer are present); returns how many went."""
+    def pop_first(self, count: int, out: Optional[list] = None) -> int:
+        """Remove the ``count`` keys added first (fewer if fewer are present); returns how many went, and appends them
+        to ``out`` in that order if given."""
         where, order, gone = self.where, self.order, 0
         while gone < count and self.head < len(order):
             batch = order[self.head:self.head + count - gone]
@@ -88,6 +89,8 @@ class LruKeys:
             self.head += len(batch)
             live = [key for pos, key in enumerate(batch, first) if where.get(key) == pos]
             deque(map(where.__delitem__, live), maxlen=0)
+            if out is not None:
+                out.extend(live)
             gone += len(live)
         if self.head > 4096 and 2 * self.head > len(order):  # drop the consumed part now and then
             del order[:self.head]
@@ -113,6 +116,8 @@ class PrefixCache:
         self.users: Optional[Dict[Hashable, list]] = None
         self.multi: Optional[Dict[Hashable, None]] = None
         self.multi_version = 0  # changes whenever a block two or more requests hold gains or loses one
+        #: ``keys -> None``: told the keys of every cached block evicted (an offload tier writes them; None: nobody)
+        self.on_evict = None
 
     def track_users(self) -> None:
         """Keep who holds each keyed block (a policy weighing shared blocks by their holders asks for it: MC-SF's
@@ -294,7 +299,12 @@ class PrefixCache:
         short = blocks - (self.free - len(self.evictor))
         if short <= 0:
             return
-        gone = self.evictor.pop_first(short)
+        if self.on_evict is None:
+            gone = self.evictor.pop_first(short)
+        else:
+            evicted: list = []
+            gone = self.evictor.pop_first(short, evicted)
+            self.on_evict(evicted)
         self.evictions += gone
         if gone < short:
             raise MemoryError(f"{blocks} blocks needed, {blocks - short + gone} free")

@@ -26,6 +26,7 @@ from kvstudy.engine.states import EngineResult
 from kvstudy.errors import ConfigError, KvStudyError
 from kvstudy.latency.models import profile_files
 from kvstudy.latency.tables import HardwareSpec
+from kvstudy.memory.offload import network_reader
 from kvstudy.running import offered_load, provenance
 from kvstudy.running.compose import compose_policy, plain
 from kvstudy.running.no_effect import no_effect
@@ -339,6 +340,14 @@ def _run_cluster(cfg: DictConfig, ctx: RunContext, policy, first: StepEngine, re
     for k in range(1, replicas):
         policies.append(build_policy(cfg))
         engines.append(_prepared_engine(cfg, ctx, policies[-1], ctx.seed + k))
+    view = getattr(first.memory, "offload", None)
+    if view is not None and view.pool.shared:  # one pool for every replica (Mooncake's store): reads of blocks another
+        pool = view.pool                       # node wrote cross the network (the node's send/recv profile)
+        prof = plain(cfg.hardware).get("profiles") or {}
+        files = profile_files(ctx.arch, ctx.hardware, prof.get("root"), prof.get("compute_dir"), prof.get("network_dir"))
+        pool.remote_seconds = network_reader(files.send_recv)
+        for k, engine in enumerate(engines):
+            engine.memory.offload.share(pool, k)
     for engine in engines:
         engine.progress = False  # one bar per replica would interleave
     results, routed = drive(engines, router, ctx.requests.arrival_time.tolist())

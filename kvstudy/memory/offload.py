@@ -1,0 +1,298 @@
+"""A KV offload tier behind the prefix cache (issue 49): host DRAM and local disk holding the blocks the GPU evicts,
+loaded back when a later prompt starts with them, or recomputed when that is cheaper.
+
+Semantics (each named where it follows or leaves vLLM's CPU offloading / KV connectors, LMCache and Mooncake's store):
+
+* **Write on eviction.** A cached block the GPU's prefix cache evicts (kvstudy/memory/prefix.py: least recently
+  released first) is written to the first tier; a block already there is only touched. Writes are asynchronous
+  (LMCache's ``store`` runs on a side stream; vLLM's offloading connector likewise): they cost no iteration time and
+  are counted in bytes per tier. (LMCache also stores at prefill time, write-through; kvstudy writes on eviction
+  only, as the issue and SGLang's HiCache write-back policy do.)
+* **Tiers, LRU.** Each tier holds at most ``capacity`` blocks, least recently used (written or loaded) first out; a
+  block leaving a tier moves to the next one (written there) or, from the last, is dropped. A block lives in one tier
+  at a time (exclusive): written to the first tier again, it leaves a lower one.
+* **Lookup.** A prefill's prefix is looked up on the GPU first (its hit, as without tiers), then in the tiers, block
+  after block from where the GPU's hit ends, as long as each next block is in some tier (vLLM's connector
+  ``get_num_new_matched_tokens``: the external hit continues the local one). At most ``(prompt - 1) // block_size``
+  blocks are skipped in all (a prefill computes at least the prompt's last token).
+* **Load or recompute** (``choice``): ``load`` always (vLLM and LMCache), ``recompute`` never (a baseline), ``auto``:
+  load when the transfer takes less time than prefilling those tokens alone (the latency model's time of a prefill of
+  them past the GPU's hit: ``recompute_seconds``). Per GPU: each GPU moves its own shard of the KV over its own link,
+  so a block's transfer is its per-GPU bytes over the tier's read bandwidth.
+* **Timing** (``load``): ``blocking``, the iteration waits for every load it started before computing (vLLM's
+  offloading connector without layer-wise transfer: the iteration's time plus the loads'); ``overlapped``, loads are
+  layer by layer, each layer's transfer hidden behind the previous layer's compute (LMCache's layer-wise mode): the
+  longer of compute and transfer, plus one layer's transfer that nothing hides.
+* Loaded blocks take GPU blocks like computed ones (the request's own, then cached under their keys): memory is the
+  same whether a prefix is loaded or recomputed; only compute and time differ.
+
+Records: per request ``offload_loaded_tokens``; per run the summary's ``offload`` (per tier: blocks held at the end,
+blocks and bytes written and read, hit rate of the prompt tokens), and the loads' seconds.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Hashable, List, Optional, Sequence
+
+#: the tiers kvstudy names, in order (a config sets each one's size and bandwidths; ``None`` size: no such tier)
+TIER_NAMES = ("host", "disk")
+LOAD_MODES = ("blocking", "overlapped")
+CHOICES = ("auto", "load", "recompute")
+
+
+@dataclass
+class Tier:
+    name: str
+    capacity_gb: float          # per GPU; math.inf: unlimited
+    read_gbps: float            # GB/s per GPU, into GPU memory
+    write_gbps: float           # GB/s per GPU (asynchronous: counted, not timed)
+    capacity_blocks: float = 0  # set by ``bind``
+    blocks: "OrderedDict[Hashable, None]" = field(default_factory=OrderedDict)  # least recently used first
+    written_blocks: int = 0
+    read_blocks: int = 0
+
+
+class OffloadTiers:
+    """The tiers of one memory, or one pool the replicas of a cluster share (``shared``: Mooncake's store); each
+    memory reaches it through its own :class:`OffloadView` (its replica's loads, counters and clock)."""
+
+    def __init__(self, tiers: Sequence[Tier], load: str = "blocking", choice: str = "auto",
+                 shared: bool = False) -> None:
+        if load not in LOAD_MODES:
+            raise ValueError(f"memory.offload.load={load!r}: allowed {', '.join(LOAD_MODES)}")
+        if choice not in CHOICES:
+            raise ValueError(f"memory.offload.choice={choice!r}: allowed {', '.join(CHOICES)}")
+        if not tiers:
+            raise ValueError("memory.offload: no tier (give memory.offload.host_gb and/or disk_gb)")
+        self.tiers: List[Tier] = list(tiers)
+        self.load_mode, self.choice, self.shared = load, choice, shared
+        self.block_bytes = 0
+        self.num_layers = 1
+        self.where: Dict[Hashable, int] = {}  # block key -> the tier holding it
+        self.owner: Dict[Hashable, int] = {}  # block key -> the replica that wrote it (its node holds it)
+        #: ``bytes -> seconds`` of a read from another replica's node (a shared pool: the node's send/recv profile,
+        #: set by kvstudy/running/assemble.py); None: every block is local
+        self.remote_seconds: Optional[Callable[[float], float]] = None
+
+    def reset(self, block_bytes_per_gpu: int) -> None:
+        """Empty, sized in blocks of ``block_bytes_per_gpu``."""
+        self.block_bytes = int(block_bytes_per_gpu)
+        for tier in self.tiers:
+            tier.capacity_blocks = tier.capacity_gb * 1e9 / self.block_bytes if self.block_bytes else 0
+            tier.blocks.clear()
+            tier.written_blocks = tier.read_blocks = 0
+        self.where.clear()
+        self.owner.clear()
+
+    # --- writes ---------------------------------------------------------------------------------------------------
+    def put(self, keys: Sequence[Hashable], replica: int = 0) -> int:
+        """Blocks a replica's GPU evicted (in eviction order) are written to the first tier (module docstring);
+        returns how many were written (a block the pool holds already is only touched)."""
+        before = self.tiers[0].written_blocks
+        for key in keys:
+            if key not in self.where:
+                self.owner[key] = replica
+            self._store(0, key)
+        return self.tiers[0].written_blocks - before
+
+    def _store(self, level: int, key: Hashable) -> None:
+        tier = self.tiers[level]
+        held = self.where.get(key)
+        if held == level:
+            tier.blocks.move_to_end(key)  # there already: touched, not written again
+            return
+        if held is not None:  # in a lower tier: it moves up (exclusive tiers)
+            del self.tiers[held].blocks[key]
+        tier.blocks[key] = None
+        tier.written_blocks += 1
+        self.where[key] = level
+        while len(tier.blocks) > tier.capacity_blocks:
+            old, _ = tier.blocks.popitem(last=False)
+            del self.where[old]
+            if level + 1 < len(self.tiers):
+                self._store(level + 1, old)  # demoted
+            else:
+                self.owner.pop(old, None)  # dropped
+
+    # --- lookups ----------------------------------------------------------------------------------------------------
+    def match(self, keys: Sequence[Hashable], start: int, most: int) -> List[int]:
+        """The tiers holding ``keys[start:]``, block after block while each is in some tier (at most up to ``most``)."""
+        where, out = self.where, []
+        for k in range(start, min(most, len(keys))):
+            level = where.get(keys[k])
+            if level is None:
+                break
+            out.append(level)
+        return out
+
+    def transfer_seconds(self, keys: Sequence[Hashable], start: int, count: int, replica: int = 0) -> float:
+        """Seconds to read ``keys[start:start+count]`` into one GPU of ``replica``: a block its own node holds at its
+        tier's read bandwidth, one after another; the blocks another node holds (a shared pool) in one network
+        transfer (the node's send/recv profile)."""
+        tiers, where, owner, b = self.tiers, self.where, self.owner, self.block_bytes
+        local, remote = 0.0, 0
+        for key in keys[start:start + count]:
+            if self.remote_seconds is not None and owner.get(key, replica) != replica:
+                remote += 1
+            else:
+                local += b / (tiers[where[key]].read_gbps * 1e9)
+        return local + (self.remote_seconds(remote * b) if remote else 0.0)
+
+
+class OffloadView:
+    """One memory's way to the tiers (its own, or a pool shared by replicas): what its replica wrote, loaded and
+    waits for."""
+
+    def __init__(self, pool: OffloadTiers, replica: int = 0) -> None:
+        self.pool, self.replica = pool, replica
+        #: ``(tokens, context) -> seconds``: the latency model's prefill of ``tokens`` past ``context`` (the engine sets
+        #: it: kvstudy/engine/loop.py); used by ``choice=auto``
+        self.recompute_seconds: Optional[Callable[[int, int], float]] = None
+        self.num_layers = 1
+        self._counters()
+
+    def _counters(self) -> None:
+        n = len(self.pool.tiers)
+        self.written, self.read = [0] * n, [0] * n
+        self.remote_blocks = 0
+        self.pending_seconds = 0.0  # loads started in the iteration being formed
+        self.load_seconds_total = 0.0
+        self.recomputed_blocks = 0  # found in a tier, recomputed (choice)
+
+    def bind(self, block_bytes_per_gpu: int) -> None:
+        """A run starts: this replica's counters cleared; its own tiers emptied (a shared pool is emptied once, when
+        the cluster builds it)."""
+        if not self.pool.shared or not self.pool.block_bytes:
+            self.pool.reset(block_bytes_per_gpu)
+        self._counters()
+
+    def share(self, pool: OffloadTiers, replica: int) -> None:
+        """Use ``pool`` (one the cluster's replicas share) as replica ``replica``."""
+        self.pool, self.replica = pool, replica
+        self._counters()
+
+    def put(self, keys: Sequence[Hashable]) -> None:
+        """The GPU's prefix cache evicted these blocks: written to the first tier."""
+        self.written[0] += self.pool.put(keys, self.replica)
+
+    def plan(self, keys: Sequence[Hashable], hit: int, most: int, block_size: int) -> int:
+        """Blocks past the GPU's ``hit`` to load (0: none found, or recomputing is chosen: module docstring)."""
+        pool = self.pool
+        levels = pool.match(keys, hit, most)
+        if not levels or pool.choice == "recompute":
+            return 0
+        if pool.choice == "auto":
+            recompute = self.recompute_seconds(len(levels) * block_size, hit * block_size)
+            if pool.transfer_seconds(keys, hit, len(levels), self.replica) >= recompute:
+                return 0
+        return len(levels)
+
+    def load(self, keys: Sequence[Hashable], start: int, count: int) -> float:
+        """``keys[start:start+count]`` are read into the GPU: their tiers touched (LRU), the time added to the
+        iteration's loads; returns the seconds."""
+        pool = self.pool
+        seconds = pool.transfer_seconds(keys, start, count, self.replica)
+        tiers, where, owner = pool.tiers, pool.where, pool.owner
+        for key in keys[start:start + count]:
+            level = where[key]
+            tiers[level].blocks.move_to_end(key)
+            tiers[level].read_blocks += 1
+            self.read[level] += 1
+            if pool.remote_seconds is not None and owner.get(key, self.replica) != self.replica:
+                self.remote_blocks += 1
+        self.pending_seconds += seconds
+        self.load_seconds_total += seconds
+        return seconds
+
+    def skipped(self, keys: Sequence[Hashable], hit: int, most: int) -> None:
+        """Blocks found in a tier but recomputed (counted for the summary)."""
+        self.recomputed_blocks += len(self.pool.match(keys, hit, most))
+
+    def iteration_seconds(self, compute: float) -> float:
+        """The iteration's time with the loads it started (module docstring, ``load``); the loads are then done."""
+        load, self.pending_seconds = self.pending_seconds, 0.0
+        if not load:
+            return compute
+        if self.pool.load_mode == "blocking":
+            return compute + load
+        return max(compute, load) + load / self.num_layers
+
+    # --- records --------------------------------------------------------------------------------------------------
+    def describe(self) -> dict:
+        pool = self.pool
+        return {"tiers": [{"name": t.name, "capacity_gb": t.capacity_gb, "read_gbps": t.read_gbps,
+                           "write_gbps": t.write_gbps} for t in pool.tiers],
+                "load": pool.load_mode, "choice": pool.choice, "shared": pool.shared}
+
+    def summary(self, prompt_tokens: int, block_size: int) -> dict:
+        """This replica's: per tier, blocks written and read (and their bytes), its hit rate (prompt tokens loaded
+        from it / prompt tokens of the started prefills), and the blocks the tier holds at the end (the pool's)."""
+        pool, b = self.pool, self.pool.block_bytes
+        return {"tiers": {t.name: {"blocks": len(t.blocks), "written_blocks": self.written[k],
+                                   "written_bytes": self.written[k] * b, "read_blocks": self.read[k],
+                                   "read_bytes": self.read[k] * b,
+                                   "hit_rate": self.read[k] * block_size / prompt_tokens if prompt_tokens else 0.0}
+                          for k, t in enumerate(pool.tiers)},
+                "remote_blocks": self.remote_blocks, "load_seconds": self.load_seconds_total,
+                "recomputed_blocks": self.recomputed_blocks, "load": pool.load_mode, "choice": pool.choice,
+                "shared": pool.shared}
+
+
+def merged_summary(parts: Sequence[dict], prompt_tokens: int, block_size: int, loaded_tokens: int) -> dict:
+    """The replicas' summaries as one: counts summed, hit rates over all prompt tokens; blocks held at the end summed
+    over the replicas' own tiers, or the shared pool's once."""
+    first = parts[0]
+    tiers = {}
+    for name in first["tiers"]:
+        rows = [p["tiers"][name] for p in parts]
+        read = sum(r["read_blocks"] for r in rows)
+        tiers[name] = {"blocks": rows[0]["blocks"] if first["shared"] else sum(r["blocks"] for r in rows),
+                       **{k: sum(r[k] for r in rows) for k in ("written_blocks", "written_bytes", "read_blocks",
+                                                                "read_bytes")},
+                       "hit_rate": read * block_size / prompt_tokens if prompt_tokens else 0.0}
+    return {**first, "tiers": tiers, "remote_blocks": sum(p["remote_blocks"] for p in parts),
+            "load_seconds": sum(p["load_seconds"] for p in parts),
+            "recomputed_blocks": sum(p["recomputed_blocks"] for p in parts), "loaded_tokens": loaded_tokens}
+
+
+def from_config(offload: Optional[dict]) -> Optional[OffloadView]:
+    """``memory.offload`` (a mapping: ``host_gb``, ``host_read_gbps``, ``host_write_gbps``, the same for ``disk``,
+    ``load``, ``choice``, ``shared``), or None: no tiers. A tier is present when its size is given (1e9 GB: unlimited
+    for any run). The memory's own tiers; a cluster with ``shared`` gives its replicas one pool instead
+    (kvstudy/running/assemble.py)."""
+    if not offload:
+        return None
+    tiers = [Tier(name, float(offload[f"{name}_gb"]), float(offload.get(f"{name}_read_gbps", 0) or 0),
+                  float(offload.get(f"{name}_write_gbps", 0) or 0))
+             for name in TIER_NAMES if offload.get(f"{name}_gb") is not None]
+    for t in tiers:
+        if t.read_gbps <= 0 or t.write_gbps <= 0:
+            raise ValueError(f"memory.offload.{t.name}_read_gbps and {t.name}_write_gbps: allowed numbers > 0 "
+                             f"(GB/s) for a {t.name} tier of {t.capacity_gb} GB")
+    pool = OffloadTiers(tiers, load=offload.get("load", "blocking"), choice=offload.get("choice", "auto"),
+                        shared=bool(offload.get("shared", False)))
+    return OffloadView(pool)
+
+
+def network_reader(send_recv_csv) -> Callable[[float], float]:
+    """``bytes -> seconds`` of one transfer between two nodes, from a Vidur-schema ``send_recv.csv`` (its rows between
+    nodes, devices_per_node 1: the link a shared pool's remote reads cross), interpolated in log size; beyond the
+    largest size profiled, at the bandwidth of the largest transfer."""
+    import numpy as np
+    import pandas as pd
+
+    df = pd.read_csv(send_recv_csv)
+    rows = df[df["devices_per_node"] == 1] if (df["devices_per_node"] == 1).any() else df
+    rows = rows.groupby("size", as_index=False)["time_stats.send_recv.median"].median().sort_values("size")
+    size, ms = rows["size"].to_numpy(float), rows["time_stats.send_recv.median"].to_numpy(float)
+    log_size = np.log(size)
+
+    def seconds(nbytes: float) -> float:
+        if nbytes <= 0:
+            return 0.0
+        if nbytes >= size[-1]:
+            return float(ms[-1] * nbytes / size[-1]) / 1e3
+        return float(np.interp(np.log(nbytes), log_size, ms)) / 1e3
+
+    return seconds

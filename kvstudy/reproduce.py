@@ -1,4 +1,4 @@
-"""``python -m kvstudy.reproduce mcsf|rr_sjf|cacheopt|prefix|cluster|hardware|all [--dry-run] [--figures-only] [--jobs N] [--gallery]
+"""``python -m kvstudy.reproduce mcsf|rr_sjf|cacheopt|prefix|cluster|hardware|offload|all [--dry-run] [--figures-only] [--jobs N] [--gallery]
 [-- OVERRIDES]``
 
 One command per paper: every experiment of the paper (the table ``PAPERS`` below, the one list of them), one after
@@ -190,6 +190,12 @@ def _hardware() -> Tuple[Step, ...]:
             _sweep("hardware_cacheopt", item="CacheOPT vs vLLM and Sarathi on four GPUs", seconds=31))
 
 
+def _offload() -> Tuple[Step, ...]:
+    # issue 49's study (docs/prefix_caching.md "Offload tier", notebook 08); seconds measured 2026-11-28, two workers
+    return (_sweep("offload_mooncake", item="host tier x load mode x policy, one A100", seconds=200),
+            _sweep("offload_mooncake_cluster", item="own tiers or a shared pool, four A100s", seconds=200))
+
+
 #: The papers' experiments: the one list (the README and scripts/cacheopt_study.sh point here).
 PAPERS: Dict[str, Paper] = {
     "mcsf": Paper("MC-SF (Jaillet et al.)", _mcsf(), ("01_mcsf_paper.ipynb", "02_hindsight_optimum.ipynb"),
@@ -209,6 +215,8 @@ PAPERS: Dict[str, Paper] = {
     "cluster": Paper("Several replicas behind a router (issue 37; beyond the papers)", _cluster(),
                      ("06_cluster.ipynb",)),
     "hardware": Paper("GPUs beyond the A100 (issue 48; beyond the papers)", _hardware(), ("07_hardware.ipynb",)),
+    "offload": Paper("A KV offload tier behind the prefix cache (issue 49; beyond the papers)", _offload(),
+                     ("08_offload.ipynb",)),
 }
 
 

@@ -33,6 +33,11 @@ SMALL = {  # experiment -> overrides that shrink it (same code path, fewer and s
     "hardware_table1": ["seed=0", "workload.num_requests=40", "latency=linear"],
     "hardware_rr_sjf": ["workload.num_requests=40", "latency=linear"],
     "hardware_cacheopt": ["seed=0", "workload.num_requests=60", "latency=linear"],
+    # the offload study on the prefix study's predictor (Llama-3.1-8B, a table to 131,072 tokens)
+    "offload_mooncake": ["+policy=vllm,lpm", "memory.offload.host_gb=null,64", "memory.offload.load=blocking",
+                         "workload.num_requests=150", "memory.capacity_tokens=131072"],
+    "offload_mooncake_cluster": ["router=round_robin", "memory.offload.host_gb=64", "cluster.replicas=2",
+                                 "workload.num_requests=150", "memory.capacity_tokens=131072"],
 }
 #: where an experiment's sweep goes under the results root, as its config puts it under outputs/
 FOLDER = {**{name: f"{name}/a100_tp2" for name in ("table1", "table1_fixed_set", "fig3", "fig5", "fig5_reference",
@@ -44,7 +49,8 @@ FOLDER = {**{name: f"{name}/a100_tp2" for name in ("table1", "table1_fixed_set",
           "prefix_mooncake": "prefix/mooncake_llama31_8b_a100_tp1", "prefix_sessions": "prefix/sessions_llama31_8b_a100_tp1",
           "cluster_lmsys": "cluster/lmsys", "cluster_mooncake": "cluster/mooncake",
           "hardware": "hardware/three_papers", "hardware_table1": "hardware/table1", "hardware_rr_sjf": "hardware/rr_sjf",
-          "hardware_cacheopt": "hardware/cacheopt"}
+          "hardware_cacheopt": "hardware/cacheopt", "offload_mooncake": "offload/mooncake",
+          "offload_mooncake_cluster": "offload/mooncake_cluster"}
 #: the MC-SF experiments notebook 01 also shows in the paper's likely regime (hardware=a100_vidur_default)
 PAPER_REGIME = ("table1", "fig3")
 #: the MC-SF experiments notebook 01 also shows in the authors' regime (regime=authors)

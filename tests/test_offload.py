@@ -209,3 +209,31 @@ def test_unlimited_tier_serves_the_independent_count_through_the_engine(name):
     loaded = int(result.requests["offload_loaded_tokens"].sum())
     assert loaded > 0.5 * sum(want)  # most of it from the host: the GPU kept little
     assert sum(want) > 0.1 * sum(prompt)  # the trace does share prefixes
+
+
+@pytest.mark.parametrize("overrides, match", [
+    (["memory.prefix_caching=false"], "memory.offload: the tiers hold the prefix cache's evicted blocks"),
+    (["memory.offload.host_gb=-1"], "memory.offload.host_gb=-1: allowed"),
+    (["memory.offload.load=async"], "memory.offload.load='async': allowed blocking, overlapped"),
+    (["memory.offload.choice=never"], "memory.offload.choice='never': allowed auto, load, recompute"),
+])
+def test_bad_offload_settings_are_one_line(overrides, match):
+    from kvstudy import api
+    from kvstudy.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=match.replace("(", "\\\\(").replace(")", "\\\\)")):
+        api.simulate(api.compose(["+policy=vllm", "memory=paged_offload", "workload=shared_prompt", "+demand=high",
+                                  "latency=linear", *overrides]))
+
+
+def test_no_tier_is_the_prefix_cache_alone():
+    """host_gb=null (and no disk): the run is memory=paged_prefix's, to the last bit (the study's "none")."""
+    from kvstudy import api
+
+    common = ["+policy=vllm", "workload=shared_prompt", "+demand=high", "latency=linear", "workload.num_requests=200",
+              "memory.capacity_tokens=2048"]
+    a, _ = api.simulate(api.compose([*common, "memory=paged_prefix"]))
+    b, _ = api.simulate(api.compose([*common, "memory=paged_offload", "memory.offload.host_gb=null"]))
+    assert a.requests.equals(b.requests) and a.iterations.equals(b.iterations)
+    c, summary = api.simulate(api.compose([*common, "memory=paged_offload", "memory.offload.host_gb=1e9"]))
+    assert summary["offload"]["tiers"]["host"]["written_blocks"] > 0  # the same run does evict, and tiers catch it

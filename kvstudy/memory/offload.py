@@ -31,9 +31,12 @@ blocks and bytes written and read, hit rate of the prompt tokens), and the loads
 """
 from __future__ import annotations
 
-from collections import OrderedDict
+import math
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Hashable, List, Optional, Sequence
+
+from kvstudy.memory.prefix import LruKeys
 
 #: the tiers kvstudy names, in order (a config sets each one's size and bandwidths; ``None`` size: no such tier)
 TIER_NAMES = ("host", "disk")
@@ -44,11 +47,11 @@ CHOICES = ("auto", "load", "recompute")
 @dataclass
 class Tier:
     name: str
-    capacity_gb: float          # per GPU; math.inf: unlimited
+    capacity_gb: float          # per GPU; 1e9: unlimited for any run
     read_gbps: float            # GB/s per GPU, into GPU memory
     write_gbps: float           # GB/s per GPU (asynchronous: counted, not timed)
-    capacity_blocks: float = 0  # set by ``bind``
-    blocks: "OrderedDict[Hashable, None]" = field(default_factory=OrderedDict)  # least recently used first
+    capacity_blocks: float = 0  # set by ``reset``
+    blocks: LruKeys = field(default_factory=LruKeys)  # least recently used first (the prefix cache's evictor order)
     written_blocks: int = 0
     read_blocks: int = 0
 
@@ -68,9 +71,7 @@ class OffloadTiers:
         self.tiers: List[Tier] = list(tiers)
         self.load_mode, self.choice, self.shared = load, choice, shared
         self.block_bytes = 0
-        self.num_layers = 1
-        self.where: Dict[Hashable, int] = {}  # block key -> the tier holding it
-        self.owner: Dict[Hashable, int] = {}  # block key -> the replica that wrote it (its node holds it)
+        self.owner: Dict[Hashable, int] = {}  # block key -> the replica whose node holds it (a shared pool only)
         #: ``bytes -> seconds`` of a read from another replica's node (a shared pool: the node's send/recv profile,
         #: set by kvstudy/running/assemble.py); None: every block is local
         self.remote_seconds: Optional[Callable[[float], float]] = None
@@ -80,47 +81,57 @@ class OffloadTiers:
         self.block_bytes = int(block_bytes_per_gpu)
         for tier in self.tiers:
             tier.capacity_blocks = tier.capacity_gb * 1e9 / self.block_bytes if self.block_bytes else 0
-            tier.blocks.clear()
+            tier.blocks = LruKeys()
             tier.written_blocks = tier.read_blocks = 0
-        self.where.clear()
         self.owner.clear()
+
+    def level(self, key: Hashable) -> Optional[int]:
+        """The tier holding ``key``, or None."""
+        for k, tier in enumerate(self.tiers):
+            if key in tier.blocks.where:
+                return k
+        return None
 
     # --- writes ---------------------------------------------------------------------------------------------------
     def put(self, keys: Sequence[Hashable], replica: int = 0) -> int:
         """Blocks a replica's GPU evicted (in eviction order) are written to the first tier (module docstring);
         returns how many were written (a block the pool holds already is only touched)."""
-        before = self.tiers[0].written_blocks
-        for key in keys:
-            if key not in self.where:
-                self.owner[key] = replica
-            self._store(0, key)
-        return self.tiers[0].written_blocks - before
+        # In bulk (C loops; a GPU evicts blocks by the thousand): the batch goes to the end of the first tier in its
+        # order (a block there already moves to the end: touched, not written again; one in a lower tier moves up,
+        # written), then the tier's least recently used leave until it fits.
+        held = self.tiers[0].blocks.where
+        fresh = keys if held.keys().isdisjoint(keys) else [key for key in keys if key not in held]
+        for tier in self.tiers[1:]:
+            below = tier.blocks.where
+            if not below.keys().isdisjoint(fresh):
+                deque(map(tier.blocks.remove, [key for key in fresh if key in below]), maxlen=0)
+        if self.shared:  # the blocks written now are held by this replica's node (a touched one stays where it is)
+            self.owner.update(dict.fromkeys(fresh, replica))
+        self._append(0, keys)
+        return len(fresh)
 
-    def _store(self, level: int, key: Hashable) -> None:
+    def _append(self, level: int, keys: Sequence[Hashable]) -> None:
+        """Keys go to the end of tier ``level`` in their order (one it holds already moves there, touched); then its
+        least recently used leave, to the next tier (written there) or dropped, until it fits."""
         tier = self.tiers[level]
-        held = self.where.get(key)
-        if held == level:
-            tier.blocks.move_to_end(key)  # there already: touched, not written again
-            return
-        if held is not None:  # in a lower tier: it moves up (exclusive tiers)
-            del self.tiers[held].blocks[key]
-        tier.blocks[key] = None
-        tier.written_blocks += 1
-        self.where[key] = level
-        while len(tier.blocks) > tier.capacity_blocks:
-            old, _ = tier.blocks.popitem(last=False)
-            del self.where[old]
+        before = len(tier.blocks)
+        tier.blocks.extend(keys)
+        tier.written_blocks += len(tier.blocks) - before
+        over = len(tier.blocks) - math.floor(tier.capacity_blocks)
+        if over > 0:
+            old: list = []
+            tier.blocks.pop_first(over, old)
             if level + 1 < len(self.tiers):
-                self._store(level + 1, old)  # demoted
-            else:
-                self.owner.pop(old, None)  # dropped
+                self._append(level + 1, old)  # demoted (their owner unchanged)
+            elif self.shared:
+                deque(map(self.owner.pop, old), maxlen=0)  # dropped
 
     # --- lookups ----------------------------------------------------------------------------------------------------
     def match(self, keys: Sequence[Hashable], start: int, most: int) -> List[int]:
         """The tiers holding ``keys[start:]``, block after block while each is in some tier (at most up to ``most``)."""
-        where, out = self.where, []
+        out = []
         for k in range(start, min(most, len(keys))):
-            level = where.get(keys[k])
+            level = self.level(keys[k])
             if level is None:
                 break
             out.append(level)
@@ -130,13 +141,13 @@ class OffloadTiers:
         """Seconds to read ``keys[start:start+count]`` into one GPU of ``replica``: a block its own node holds at its
         tier's read bandwidth, one after another; the blocks another node holds (a shared pool) in one network
         transfer (the node's send/recv profile)."""
-        tiers, where, owner, b = self.tiers, self.where, self.owner, self.block_bytes
+        tiers, owner, b = self.tiers, self.owner, self.block_bytes
         local, remote = 0.0, 0
         for key in keys[start:start + count]:
             if self.remote_seconds is not None and owner.get(key, replica) != replica:
                 remote += 1
             else:
-                local += b / (tiers[where[key]].read_gbps * 1e9)
+                local += b / (tiers[self.level(key)].read_gbps * 1e9)
         return local + (self.remote_seconds(remote * b) if remote else 0.0)
 
 
@@ -189,18 +200,20 @@ class OffloadView:
         return len(levels)
 
     def load(self, keys: Sequence[Hashable], start: int, count: int) -> float:
-        """``keys[start:start+count]`` are read into the GPU: their tiers touched (LRU), the time added to the
-        iteration's loads; returns the seconds."""
+        """``keys[start:start+count]`` are read into the GPU: their tiers touched (LRU: to the end, in order), the
+        time added to the iteration's loads; returns the seconds."""
         pool = self.pool
         seconds = pool.transfer_seconds(keys, start, count, self.replica)
-        tiers, where, owner = pool.tiers, pool.where, pool.owner
-        for key in keys[start:start + count]:
-            level = where[key]
-            tiers[level].blocks.move_to_end(key)
-            tiers[level].read_blocks += 1
-            self.read[level] += 1
-            if pool.remote_seconds is not None and owner.get(key, self.replica) != self.replica:
-                self.remote_blocks += 1
+        chunk = keys[start:start + count]
+        levels = [pool.level(key) for key in chunk]
+        for level, tier in enumerate(pool.tiers):
+            mine = [key for key, lv in zip(chunk, levels) if lv == level] if len(pool.tiers) > 1 else chunk
+            if mine:
+                tier.blocks.extend(mine)  # touched: a key there already moves to the end
+                tier.read_blocks += len(mine)
+                self.read[level] += len(mine)
+        if pool.remote_seconds is not None:
+            self.remote_blocks += sum(1 for key in chunk if pool.owner.get(key, self.replica) != self.replica)
         self.pending_seconds += seconds
         self.load_seconds_total += seconds
         return seconds
@@ -258,11 +271,11 @@ def merged_summary(parts: Sequence[dict], prompt_tokens: int, block_size: int, l
 
 def from_config(offload: Optional[dict]) -> Optional[OffloadView]:
     """``memory.offload`` (a mapping: ``host_gb``, ``host_read_gbps``, ``host_write_gbps``, the same for ``disk``,
-    ``load``, ``choice``, ``shared``), or None: no tiers. A tier is present when its size is given (1e9 GB: unlimited
-    for any run). The memory's own tiers; a cluster with ``shared`` gives its replicas one pool instead
+    ``load``, ``choice``, ``shared``), or None: no tiers (no mapping, or neither size given: then the memory is the
+    prefix cache alone, exactly). A tier is present when its size is given (1e9 GB: unlimited for any run). The memory's own tiers; a cluster with ``shared`` gives its replicas one pool instead
     (kvstudy/running/assemble.py)."""
-    if not offload:
-        return None
+    if not offload or all(offload.get(f"{name}_gb") is None for name in TIER_NAMES):
+        return None  # no tier: the prefix cache alone (host_gb=null is the study's "0 GB")
     tiers = [Tier(name, float(offload[f"{name}_gb"]), float(offload.get(f"{name}_read_gbps", 0) or 0),
                   float(offload.get(f"{name}_write_gbps", 0) or 0))
              for name in TIER_NAMES if offload.get(f"{name}_gb") is not None]

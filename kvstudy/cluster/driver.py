@@ -84,9 +84,11 @@ class ReplicaView:
         return e.memory.cached_tokens(i, e.state.prompt[i])
 
 
-def drive(engines: Sequence, router, arrival: Sequence[float]):
+def drive(engines: Sequence, router, arrival: Sequence[float], lockstep: bool = False):
     """Step ``engines`` on one clock, routing request i (arrival order) when it arrives; returns each engine's
-    result and each request's replica (-1: rejected everywhere, never routed)."""
+    result and each request's replica (-1: rejected everywhere, never routed). Replicas that share nothing run to the
+    next arrival one after another; ``lockstep`` (they share state between arrivals: a KV pool) runs the replica whose
+    clock is earliest until it passes the next one's, so everything they share happens in time order."""
     n, size = len(arrival), len(engines)
     loops = [e.loop() for e in engines]
     results: List[EngineResult] = [None] * size
@@ -122,9 +124,12 @@ def drive(engines: Sequence, router, arrival: Sequence[float]):
                 k += 1
             due = arrival[k] if k < n else math.inf
             while heap and heap[0][0] < due:  # every decision before the next arrival: no routing in between
-                r = heappop(heap)[1]
+                t, r = heappop(heap)
                 views[r].pending = 0  # its loop now takes every request routed to it (all arrived by its clock)
-                resume(r, due)
+                if lockstep and heap:  # up to the next replica's clock (at least one iteration: ties go by index)
+                    resume(r, min(due, max(heap[0][0], math.nextafter(t, math.inf))))
+                else:
+                    resume(r, due)
             if k < n:
                 now[0] = arrival[k]
                 j = route(k, views)

@@ -16,13 +16,13 @@ Semantics (each named where it follows or leaves vLLM's CPU offloading / KV conn
   ``get_num_new_matched_tokens``: the external hit continues the local one). At most ``(prompt - 1) // block_size``
   blocks are skipped in all (a prefill computes at least the prompt's last token).
 * **Load or recompute** (``choice``): ``load`` always (vLLM and LMCache), ``recompute`` never (a baseline), ``auto``:
-  load when the transfer takes less time than prefilling those tokens alone (the latency model's time of a prefill of
-  them past the GPU's hit: ``recompute_seconds``). Per GPU: each GPU moves its own shard of the KV over its own link,
+  load when the transfer takes less time than those tokens add to the request's prefill (the latency model's prefill
+  of the request's rest with them, minus without them: ``recompute_seconds``, the marginal cost). Per GPU: each GPU moves its own shard of the KV over its own link,
   so a block's transfer is its per-GPU bytes over the tier's read bandwidth.
 * **Timing** (``load``): ``blocking``, the iteration waits for every load it started before computing (vLLM's
   offloading connector without layer-wise transfer: the iteration's time plus the loads'); ``overlapped``, loads are
-  layer by layer, each layer's transfer hidden behind the previous layer's compute (LMCache's layer-wise mode): the
-  longer of compute and transfer, plus one layer's transfer that nothing hides.
+  layer by layer, each layer's transfer overlapping the previous layer's compute (LMCache's layer-wise mode): the
+  longer of compute and transfer, plus one layer's share of the shorter, which nothing hides.
 * Loaded blocks take GPU blocks like computed ones (the request's own, then cached under their keys): memory is the
   same whether a prefix is loaded or recomputed; only compute and time differ.
 
@@ -80,7 +80,8 @@ class OffloadTiers:
         """Empty, sized in blocks of ``block_bytes_per_gpu``."""
         self.block_bytes = int(block_bytes_per_gpu)
         for tier in self.tiers:
-            tier.capacity_blocks = tier.capacity_gb * 1e9 / self.block_bytes if self.block_bytes else 0
+            # whole blocks; 1e-6 absorbs the rounding of a size given as blocks x bytes / 1e9
+            tier.capacity_blocks = math.floor(tier.capacity_gb * 1e9 / self.block_bytes + 1e-6) if self.block_bytes else 0
             tier.blocks = LruKeys()
             tier.written_blocks = tier.read_blocks = 0
         self.owner.clear()
@@ -117,7 +118,7 @@ class OffloadTiers:
         before = len(tier.blocks)
         tier.blocks.extend(keys)
         tier.written_blocks += len(tier.blocks) - before
-        over = len(tier.blocks) - math.floor(tier.capacity_blocks)
+        over = len(tier.blocks) - tier.capacity_blocks
         if over > 0:
             old: list = []
             tier.blocks.pop_first(over, old)
@@ -129,8 +130,14 @@ class OffloadTiers:
     # --- lookups ----------------------------------------------------------------------------------------------------
     def match(self, keys: Sequence[Hashable], start: int, most: int) -> List[int]:
         """The tiers holding ``keys[start:]``, block after block while each is in some tier (at most up to ``most``)."""
+        end = min(most, len(keys))
+        if len(self.tiers) == 1:  # one tier (the usual): a run of keys it holds
+            held, k = self.tiers[0].blocks.where, start
+            while k < end and keys[k] in held:
+                k += 1
+            return [0] * (k - start)
         out = []
-        for k in range(start, min(most, len(keys))):
+        for k in range(start, end):
             level = self.level(keys[k])
             if level is None:
                 break
@@ -142,6 +149,8 @@ class OffloadTiers:
         tier's read bandwidth, one after another; the blocks another node holds (a shared pool) in one network
         transfer (the node's send/recv profile)."""
         tiers, owner, b = self.tiers, self.owner, self.block_bytes
+        if self.remote_seconds is None and len(tiers) == 1:  # all local, one tier: count x block / bandwidth
+            return sum(b / (tiers[0].read_gbps * 1e9) for _ in range(count))  # summed as the general case, bit-equal
         local, remote = 0.0, 0
         for key in keys[start:start + count]:
             if self.remote_seconds is not None and owner.get(key, replica) != replica:
@@ -172,9 +181,9 @@ class OffloadView:
         self.recomputed_blocks = 0  # found in a tier, recomputed (choice)
 
     def bind(self, block_bytes_per_gpu: int) -> None:
-        """A run starts: this replica's counters cleared; its own tiers emptied (a shared pool is emptied once, when
-        the cluster builds it)."""
-        if not self.pool.shared or not self.pool.block_bytes:
+        """A run starts: this replica's counters cleared; its own tiers emptied (a shared pool by replica 0, which the
+        cluster driver starts first)."""
+        if not self.pool.shared or self.replica == 0:
             self.pool.reset(block_bytes_per_gpu)
         self._counters()
 
@@ -184,17 +193,29 @@ class OffloadView:
         self._counters()
 
     def put(self, keys: Sequence[Hashable]) -> None:
-        """The GPU's prefix cache evicted these blocks: written to the first tier."""
-        self.written[0] += self.pool.put(keys, self.replica)
+        """The GPU's prefix cache evicted these blocks: written to the first tier (and what it demotes, to the next)."""
+        tiers = self.pool.tiers
+        before = [t.written_blocks for t in tiers]
+        self.pool.put(keys, self.replica)
+        for k, t in enumerate(tiers):
+            self.written[k] += t.written_blocks - before[k]
 
-    def plan(self, keys: Sequence[Hashable], hit: int, most: int, block_size: int) -> int:
-        """Blocks past the GPU's ``hit`` to load (0: none found, or recomputing is chosen: module docstring)."""
+    def plan(self, keys: Sequence[Hashable], hit: int, most: int, block_size: int, tokens: int) -> int:
+        """Blocks past the GPU's ``hit`` to load, for a prefill of ``tokens`` tokens (0: none found, or recomputing
+        is chosen: module docstring). ``auto`` weighs the transfer against what those tokens add to the request's own
+        prefill (its time with them minus without them: the marginal cost, not a standalone iteration's)."""
         pool = self.pool
         levels = pool.match(keys, hit, most)
         if not levels or pool.choice == "recompute":
             return 0
         if pool.choice == "auto":
-            recompute = self.recompute_seconds(len(levels) * block_size, hit * block_size)
+            if self.recompute_seconds is None:
+                raise RuntimeError("memory.offload.choice=auto needs the latency model: the engine sets "
+                                   "recompute_seconds when a run starts (kvstudy/engine/loop.py)")
+            n = len(levels) * block_size
+            rest = max(1, tokens - hit * block_size - n)  # the prefill computes these anyway
+            recompute = (self.recompute_seconds(rest + n, hit * block_size)
+                         - self.recompute_seconds(rest, hit * block_size + n))
             if pool.transfer_seconds(keys, hit, len(levels), self.replica) >= recompute:
                 return 0
         return len(levels)
@@ -205,11 +226,13 @@ class OffloadView:
         pool = self.pool
         seconds = pool.transfer_seconds(keys, start, count, self.replica)
         chunk = keys[start:start + count]
-        levels = [pool.level(key) for key in chunk]
+        levels = [pool.level(key) for key in chunk] if len(pool.tiers) > 1 else None
         for level, tier in enumerate(pool.tiers):
-            mine = [key for key, lv in zip(chunk, levels) if lv == level] if len(pool.tiers) > 1 else chunk
+            mine = [key for key, lv in zip(chunk, levels) if lv == level] if levels is not None else chunk
             if mine:
-                tier.blocks.extend(mine)  # touched: a key there already moves to the end
+                # touched, tail first (as the GPU releases a request's blocks): the prefix's head is the most recently
+                # used, so the tier drops a chain from its end, never its start
+                tier.blocks.extend(mine[::-1])
                 tier.read_blocks += len(mine)
                 self.read[level] += len(mine)
         if pool.remote_seconds is not None:
@@ -229,7 +252,9 @@ class OffloadView:
             return compute
         if self.pool.load_mode == "blocking":
             return compute + load
-        return max(compute, load) + load / self.num_layers
+        # layer by layer: L stages of compute c = C/L and transfer x = T/L, pipelined (layer l computes once its KV has
+        # arrived): the longer stream, plus one layer of the shorter one that nothing hides
+        return max(compute, load) + min(compute, load) / self.num_layers
 
     # --- records --------------------------------------------------------------------------------------------------
     def describe(self) -> dict:

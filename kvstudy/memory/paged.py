@@ -347,7 +347,7 @@ class PrefixCachingMemory(PagedMemory):
         keys, most = self.keys(i, tokens), (tokens - 1) // self.block_size
         hit = self.cache.hit(keys, most)
         if self.offload is not None:
-            hit += self.offload.plan(keys, hit, most, self.block_size)
+            hit += self.offload.plan(keys, hit, most, self.block_size, tokens)
         return hit * self.block_size
 
     def start_blocks(self, i: int, tokens: int, dropped=()) -> int:
@@ -368,17 +368,29 @@ class PrefixCachingMemory(PagedMemory):
         self._memo.pop(i, None)
         bs = self.block_size
         most = (tokens - 1) // bs
-        hit = self.cache.acquire(i, keys, blocks, most, upto=0)
+        if self.offload is None:
+            hit = self.cache.acquire(i, keys, blocks, most, upto=0)
+            self.used = self.cache.used
+            return hit * bs
+        # the blocks after the GPU's hit a tier holds are loaded (or recomputed) as found before this allocation:
+        # what the allocation evicts reaches the tiers after the lookup (what cached_tokens promised is what it gets)
+        evicted: list = []
+        self.cache.on_evict = evicted.extend
+        try:
+            hit = self.cache.acquire(i, keys, blocks, most, upto=0)
+        finally:
+            self.cache.on_evict = self.offload.put
         self.used = self.cache.used
-        if self.offload is not None:  # the blocks after the GPU's hit a tier holds: loaded, or recomputed
-            load = self.offload.plan(keys, hit, most, bs)
-            if load:
-                self.offload.load(keys, hit, load)
-                self.cache.advance(i, hit + load)  # their KV is here: cached as the request's computed blocks
-                self.loaded[i] = self.loaded.get(i, 0) + load * bs
-                hit += load
-            else:
-                self.offload.skipped(keys, hit, most)
+        load = self.offload.plan(keys, hit, most, bs, tokens)
+        if load:
+            self.offload.load(keys, hit, load)
+            self.cache.advance(i, hit + load)  # their KV is here: cached as the request's computed blocks
+            self.loaded[i] = self.loaded.get(i, 0) + load * bs
+            hit += load
+        else:
+            self.offload.skipped(keys, hit, most)
+        if evicted:
+            self.offload.put(evicted)
         return hit * bs
 
     def advance(self, i: int, computed: int) -> None:

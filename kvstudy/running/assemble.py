@@ -346,11 +346,15 @@ def _run_cluster(cfg: DictConfig, ctx: RunContext, policy, first: StepEngine, re
         prof = plain(cfg.hardware).get("profiles") or {}
         files = profile_files(ctx.arch, ctx.hardware, prof.get("root"), prof.get("compute_dir"), prof.get("network_dir"))
         pool.remote_seconds = network_reader(files.send_recv)
+        for tier in pool.tiers:  # memory.offload.*_gb is per GPU: the pool is every replica's memory together
+            tier.capacity_gb *= replicas
         for k, engine in enumerate(engines):
             engine.memory.offload.share(pool, k)
     for engine in engines:
         engine.progress = False  # one bar per replica would interleave
-    results, routed = drive(engines, router, ctx.requests.arrival_time.tolist())
+    # replicas sharing a pool see each other's writes: stepped in time order, an iteration at a time (lockstep)
+    results, routed = drive(engines, router, ctx.requests.arrival_time.tolist(),
+                            lockstep=view is not None and view.pool.shared)
     for policy, res in zip(policies, results):
         after = getattr(policy, "after_run", None)
         if callable(after):

@@ -642,7 +642,8 @@ def _listed(keys: Iterable[str]) -> str:
 
 
 def _options_text(group: str, names) -> str:
-    return f"{group} " + " or ".join(f"'{n}'" for n in sorted(names))
+    shown = [f"'{n}'" for n in sorted(names)]
+    return f"{group} " + (", ".join(shown[:-1]) + " or " + shown[-1] if len(shown) > 1 else "".join(shown))
 
 
 @functools.lru_cache(maxsize=1)

@@ -27,20 +27,22 @@ def compose(overrides: Iterable[str] = ()) -> DictConfig:
         raise ConfigError(f"cannot compose the config from {' '.join(overrides)}: {first}") from None
 
 
-def compose_group(group: str, option: str) -> DictConfig:
-    """conf/<group>/<option>.yaml as ``<group>=<option>`` composes it (inside a Hydra app through the app's Hydra)."""
-    override = f"{group}={option}"
+def _composed(override: str, group: str) -> DictConfig:
+    """The ``group`` node of the config ``override`` composes: inside a Hydra app (a sweep's run) through the app's
+    own Hydra (a second initialisation is refused there)."""
     if GlobalHydra.instance().is_initialized():
         return hydra_compose(config_name="config", overrides=[override])[group]
     return compose([override])[group]
 
 
+def compose_group(group: str, option: str) -> DictConfig:
+    """conf/<group>/<option>.yaml as ``<group>=<option>`` composes it (a group with a default: memory, model, ...)."""
+    return _composed(f"{group}={option}", group)
+
+
 def compose_policy(name: str) -> DictConfig:
-    """conf/policy/<name>.yaml as ``+policy=<name>`` composes it; inside a Hydra app (a sweep's run) through the
-    app's own Hydra (a second initialisation is refused there)."""
-    if GlobalHydra.instance().is_initialized():
-        return hydra_compose(config_name="config", overrides=[f"+policy={name}"]).policy
-    return compose([f"+policy={name}"]).policy
+    """conf/policy/<name>.yaml as ``+policy=<name>`` composes it (policy has no default: it is added)."""
+    return _composed(f"+policy={name}", "policy")
 
 
 def plain(node) -> dict:

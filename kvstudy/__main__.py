@@ -9,7 +9,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from kvstudy.running.paths import CONF_DIR
+from kvstudy.running.paths import CONF_DIR, shown_path
 
 
 def _time_unit(summary: dict) -> str:
@@ -26,6 +26,23 @@ def _peak_kv(summary: dict) -> str:
         return (f"{summary['peak_blocks_used'] * bs} / {memory['num_blocks'] * bs} in distinct blocks "
                 f"({summary['peak_kv_tokens']} summed over requests, shared prefixes once per request)")
     return f"{summary['peak_kv_tokens']} / {summary['capacity_tokens']}"
+
+
+def _offload_rows(offload) -> list:
+    """memory=paged_offload: each tier's hit rate, blocks and bytes read and written, blocks held at the end; the
+    tokens loaded and the loads' time (the summary's ``offload``, kvstudy/memory/offload.py ``summary``)."""
+    if not offload:
+        return []
+    rows, looked = [], "tokens looked up" if "lookup_tokens" in offload else "prompt tokens"  # its hit rate's base
+    for name, t in offload["tiers"].items():
+        rows.append((f"{name} tier", f"hit rate {100 * t['hit_rate']:.1f}% of {looked}; read {t['read_blocks']:,} "
+                                     f"blocks ({t['read_bytes'] / 1e9:,.1f} GB), written {t['written_blocks']:,} "
+                                     f"({t['written_bytes'] / 1e9:,.1f} GB), {t['blocks']:,} held at the end"))
+    remote = f", {offload['remote_blocks']:,} blocks from other nodes" if offload.get("shared") else ""
+    rows.append(("offload loads", f"{offload.get('loaded_tokens', 0):,} tokens in {offload['load_seconds']:.4g} s "
+                                  f"({offload['load']}; choice {offload['choice']}: {offload['recomputed_blocks']:,} "
+                                  f"blocks found but recomputed){remote}"))
+    return rows
 
 
 def _print_summary(summary: dict, folder: str) -> None:
@@ -59,15 +76,17 @@ def _print_summary(summary: dict, folder: str) -> None:
     else:
         rows.append(("clearing events", summary["clearing_events"]))
     if "prefix_hit_rate" in summary:  # memory.prefix_caching=true
-        rows.append(("prefix cache", f"hit rate {100 * summary['prefix_hit_rate']:.1f}% of prompt tokens, "
+        tiers = " (GPU and offload tiers together)" if summary.get("offload") else ""
+        rows.append(("prefix cache", f"hit rate {100 * summary['prefix_hit_rate']:.1f}% of prompt tokens{tiers}, "
                                      f"{summary['prefix_evictions']} blocks evicted"))
+    rows += _offload_rows(summary.get("offload"))
     rows.append(("wall time (s)", summary.get("wall_seconds")))
     if summary.get("message"):
         rows.append(("note", summary["message"]))
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k:<{width}}  {v}")
-    print(f"outputs: {folder}")
+    print(f"outputs: {shown_path(folder)}")  # relative to the current folder when inside it (the README's line)
 
 
 def _log_to_file(message: str) -> None:
@@ -97,7 +116,7 @@ def _internal_error(exc: Exception, folder: str) -> int:
 def main(cfg: DictConfig) -> None:
     from hydra.types import RunMode
 
-    from kvstudy.errors import KvStudyError, report
+    from kvstudy.errors import KvStudyError, interrupted, report, resource_error
     from kvstudy.running.sweep_callback import run_recording_errors
 
     # a warning is one line on the command line, as errors are (in every sweep worker too: this runs there)
@@ -112,12 +131,23 @@ def main(cfg: DictConfig) -> None:
             report(exc)
             return
         sys.exit(report(exc))
+    except KeyboardInterrupt as exc:  # outside the engine (building profiles, training): one line, as a run's, 130
+        if multirun:
+            raise
+        sys.exit(interrupted(exc))
     except Exception as exc:  # not a user error: a bug in a policy (a user's own) or in kvstudy
+        err = resource_error(exc, folder)  # or a full disk, a name too long: one line naming the path
+        if err is not None:
+            _log_to_file(f"error: {err}")
+            report(err)
+            if multirun:
+                return
+            sys.exit(2)
         if multirun:
             raise
         sys.exit(_internal_error(exc, folder))
     if summary.get("skipped"):
-        print(f"complete already, skipped: {folder} (resume=never runs it again)")
+        print(f"complete already, skipped: {shown_path(folder)} (resume=never runs it again)")
         if summary["status"] not in ("completed",):
             print(f"error: the finished run ended with status {summary['status']}: {summary.get('message')}",
                   file=sys.stderr)

@@ -310,11 +310,16 @@ def failure_reason(log: Path) -> str:
 def check_step_overrides(papers: Sequence[str], jobs: Optional[int], overrides: Sequence[str]) -> None:
     """The overrides after ``--`` in every experiment's command line, checked as ``python -m kvstudy`` checks its own
     (kvstudy/config/validate.py ``check_overrides``: a key no chosen option has or takes, a group chosen twice, ...),
-    before anything runs, with or without --dry-run: one error line naming the experiment."""
+    before anything runs, with or without --dry-run: one error line naming the experiment. Then their values: every
+    experiment composed with them and each of its runs checked (kvstudy/running/precheck.py ``check_runs``), so a value
+    every run would refuse (``memory.offload.host_gb=-1``, ``cluster.replicas=2`` on a study of one replica's load)
+    stops here, not in each run."""
     if not overrides:
         return
     from kvstudy.config.validate import check_overrides
+    from kvstudy.running.precheck import check_runs
 
+    todo = []
     for paper in papers:
         steps = plan(paper, jobs, overrides)
         for k, (step, args) in enumerate(steps, 1):
@@ -324,11 +329,19 @@ def check_step_overrides(papers: Sequence[str], jobs: Optional[int], overrides: 
                 argv = ["+policy=alpha_greedy"] + [a for a in args[1:] if not a.startswith("out=")]
             else:
                 continue
+            where = (f" (-- {' '.join(overrides)}, in experiment {k}/{len(steps)} of {paper}: "
+                     f"{_shown(step.module, args)})")
             try:
                 check_overrides(argv)
             except ConfigError as exc:
-                raise ConfigError(f"{exc} (-- {' '.join(overrides)}, in experiment {k}/{len(steps)} of {paper}: "
-                                  f"{_shown(step.module, args)})") from None
+                raise ConfigError(f"{exc}{where}") from None
+            todo.append((argv, where))
+    print(f"checking the overrides' values in every run of {len(todo)} experiment(s) ...", file=sys.stderr, flush=True)
+    for argv, where in todo:
+        try:
+            check_runs(argv)
+        except ConfigError as exc:
+            raise ConfigError(f"{exc}{where}") from None
 
 
 def run_steps(paper: str, results: Path, jobs: Optional[int], overrides: Sequence[str]) -> Optional[str]:
@@ -483,12 +496,61 @@ def copy_gallery(paper: str, results: Path) -> List[str]:
     return missing
 
 
+def _chosen(module: str, args: Sequence[str]) -> List[Dict[str, List[str]]]:
+    """The model, hardware and latency options one step runs (each a list: a sweep may choose several), read from
+    conf/config.yaml's defaults, its experiment's ``override /group`` lines and sweeper params, a regime's latency
+    override (conf/regime/), and its own arguments (a later one wins)."""
+    import yaml
+
+    groups = ("model", "hardware", "latency")
+    out = {"model": ["llama2_70b"], "hardware": ["a100_tp2"], "latency": ["vidur"]}  # conf/config.yaml's defaults
+
+    def apply(defaults, params):
+        for entry in defaults or ():
+            for k, v in (entry.items() if isinstance(entry, dict) else ()):
+                g = str(k).replace("override", "").strip().lstrip("/")
+                if g in groups:
+                    out[g] = [str(v)]
+        for k, v in (params or {}).items():
+            if str(k).lstrip("+") in groups:
+                out[str(k).lstrip("+")] = [x.strip() for x in str(v).split(",")]
+
+    for arg in args:
+        key, _, value = arg.partition("=")
+        key = key.lstrip("+")
+        if key in ("experiment", "regime"):
+            path = REPO_ROOT / "conf" / key / f"{value}.yaml"
+            doc = yaml.safe_load(path.read_text()) if path.exists() else {}
+            apply(doc.get("defaults"), ((doc.get("hydra") or {}).get("sweeper") or {}).get("params"))
+        elif key in groups:
+            out[key] = [x.strip() for x in value.split(",")]
+    return out
+
+
+def predictor_pairs(steps) -> List[Tuple[str, str]]:
+    """The (model, hardware) pairs whose Vidur predictor the steps use (latency=vidur): what a cold predictor cache
+    trains first, once each (``kvstudy.optimum``'s study runs the paper's unit-time model and trains none)."""
+    pairs = set()
+    for step, args in steps:
+        if step.module == "kvstudy.optimum":
+            continue
+        chosen = _chosen(step.module, args)
+        if "vidur" in chosen["latency"]:
+            pairs |= {(m, h) for m in chosen["model"] for h in chosen["hardware"]}
+    return sorted(pairs)
+
+
 def dry_run(papers: Sequence[str], jobs: Optional[int], overrides: Sequence[str], figures_only: bool) -> None:
     for paper in papers:
         steps = plan(paper, jobs, overrides)
         total = sum(s.seconds for s, _ in steps)
-        print(f"# {PAPERS[paper].title}: {len(steps)} experiments, about {_duration(total)} on 2 cores from scratch"
-              + (" (not run: --figures-only)" if figures_only else ""))
+        pairs = predictor_pairs(steps)
+        # the steps' seconds are measured with a warm predictor cache (Step.seconds); a cold cache first trains one
+        # predictor per model and hardware: 20-90 s each on 2 cores (kvstudy/latency/models.py ``_train``'s estimate)
+        cold = (f"; a cold predictor cache first trains {len(pairs)} predictor(s), 20-90 s each, longer for a "
+                f"long-context model ({', '.join(f'{m} on {h}' for m, h in pairs)})") if pairs else ""
+        print(f"# {PAPERS[paper].title}: {len(steps)} experiments, about {_duration(total)} on 2 cores with a warm "
+              f"predictor cache{cold}" + (" (not run: --figures-only)" if figures_only else ""))
         for step, args in steps:
             print(("# " if figures_only else "") + _shown(step.module, args))
         for name in PAPERS[paper].notebooks:

@@ -73,18 +73,25 @@ def memory(run, ax=None):
     it = run.iterations
     if ax is None:
         _, ax = plt.subplots(figsize=(9, 3), layout="constrained")
+    twin = None
     ax.step(it.start, it.kv_tokens_in_use, where="post", label="KV tokens in use", lw=0.8)
     ax.axhline(float(it.capacity.max()) if len(it) else 0.0, color="k", ls="--", lw=0.8, label="capacity (tokens)")
     if "blocks_used" in it and len(it):
         bs = float(it.kv_tokens_in_use.max()) / max(1, int(it.blocks_used.max()))  # only for the second axis' scale
-        ax2 = ax.twinx()
-        ax2.step(it.start, it.blocks_used, where="post", color="#e34a33", lw=0.6, label="blocks used")
-        ax2.set_ylabel("blocks")
-        ax2.set_ylim(0, ax.get_ylim()[1] / bs if bs > 0 else None)
+        twin = ax.twinx()
+        twin.step(it.start, it.blocks_used, where="post", color="#e34a33", lw=0.6, label="blocks used")
+        twin.set_ylabel("blocks")
+        twin.set_ylim(0, ax.get_ylim()[1] / bs if bs > 0 else None)
     over = it[it.overflow] if "overflow" in it else it.iloc[:0]
     if len(over):
         ax.plot(over.start, over.kv_tokens_in_use, "rx", ms=4, label="clearing event")
     ax.set_xlabel("time (s)")
     ax.set_ylabel("tokens")
-    ax.legend(fontsize=7, loc="upper left")
+    # one legend for both axes (the blocks line is on the second), above the plot, so it covers no line
+    handles, labels = ax.get_legend_handles_labels()
+    if twin is not None:
+        more = twin.get_legend_handles_labels()
+        handles, labels = handles + more[0], labels + more[1]
+    ax.legend(handles, labels, fontsize=7, loc="lower left", bbox_to_anchor=(0, 1.01), ncol=len(labels),
+              frameon=False, borderaxespad=0)
     return ax

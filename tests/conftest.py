@@ -14,6 +14,26 @@ SHARED_REASON = f"needs the shared reference data at {SHARED_REFERENCE} (set KVS
 needs_shared = pytest.mark.skipif(not SHARED_REFERENCE.exists(), reason=SHARED_REASON)
 
 
+#: the longest tests (CPU seconds on one worker from a cold cache, `--durations=0 -n 0`, issue 54 item 4), most first.
+#: Under pytest-xdist they start first, so a run's last minutes are short tests spread over every worker instead of one
+#: long test on one worker while the others idle. A prefix of a node id; the rest keep their order, slow tests first.
+LONG_FIRST = (
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    if not os.environ.get("PYTEST_XDIST_WORKER"):  # one process: the order changes nothing but fixtures' set-ups
+        return
+
+    def rank(item):
+        for i, prefix in enumerate(LONG_FIRST):
+            if item.nodeid.startswith(prefix):
+                return i
+        return len(LONG_FIRST) + (0 if item.get_closest_marker("slow") else 1)
+
+    items.sort(key=rank)  # stable: the order within a rank is the collection's
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _session_cache(tmp_path_factory):
     if "KVSTUDY_TEST_CACHE" in os.environ:  # reuse trained tables across local test runs

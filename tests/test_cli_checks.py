@@ -32,11 +32,11 @@ def one_error(proc) -> str:
 # 1. every key against the chosen options -----------------------------------------------------------------------------
 @pytest.mark.parametrize("args,line", [
     (["+policy=mcsf", "memory.decode_block_check=vllm"],
-     "error: memory.decode_block_check: not a setting of memory 'paper'; it takes capacity_tokens "
-     "(memory 'paged', 'paged_offload' or 'paged_prefix' has it)"),
+     "error: memory.decode_block_check: not a setting of memory 'paper'; it takes capacity_tokens, "
+     "gpu_memory_utilization (memory 'paged', 'paged_offload' or 'paged_prefix' has it)"),
     (["+policy=mcsf", "memory=paper", "++memory.decode_block_check=vllm"],
-     "error: memory.decode_block_check: not a setting of memory 'paper'; it takes capacity_tokens "
-     "(memory 'paged', 'paged_offload' or 'paged_prefix' has it)"),
+     "error: memory.decode_block_check: not a setting of memory 'paper'; it takes capacity_tokens, "
+     "gpu_memory_utilization (memory 'paged', 'paged_offload' or 'paged_prefix' has it)"),
     (["+policy=vllm", "policy.chunk_size=8"],
      "error: policy.chunk_size: not a setting of policy 'vllm'; it takes preemption_mode, max_num_seqs, "
      "max_num_batched_tokens, running_order, waiting_order (policy 'sarathi' or 'sarathi_lpm' has it)"),

@@ -80,14 +80,15 @@ def test_rebuild_matches_committed_network_profiles(tmp_path):
 
 @needs_shared
 def test_h100_calibration_against_vidur_real_h100_measurements():
-    """The H100 fit's error per operator, all three calibration models pooled, within the A100 fit's target (a median
-    of 10% for every GEMM and every intra-node all-reduce); the committed fit is the one these files give."""
+    """The H100 fit's error per operator, all three calibration models pooled: every GEMM's median within 8.2% (the
+    ECM-overlap fit's 6.64 / 6.39 / 5.19 / 8.12%, issue 54; per-GEMM bounds in tests/test_h100_fit.py), every
+    intra-node all-reduce's within 10%; the committed fit is the one these files give."""
     from kvstudy.profiles.calibration import calibrate
 
     result = calibrate(SHARED_REFERENCE / "vidur-data", "h100")
     errors = {row["op"]: row for row in result["mlp_errors"]}
     for op in GEMMS:
-        assert errors[op]["median_ape_pct"] <= 10.0, errors[op]
+        assert errors[op]["median_ape_pct"] <= 8.2, errors[op]
     for fit in result["network"]:
         assert fit["node"].startswith("h100_")
         if fit["collective"] == "all_reduce" and fit["workers"] == fit["devices_per_node"]:
@@ -99,16 +100,18 @@ def test_h100_calibration_against_vidur_real_h100_measurements():
 @needs_shared
 def test_h100_profile_reproduces_vidur_real_llama2_70b_rows(tmp_path):
     """The built H100 profile of Llama2-70B (kvstudy's model config) against Vidur's real H100 mlp.csv of
-    Llama-2-70B, row by row at every measured TP and token count: median error per GEMM within 10%."""
+    Llama-2-70B, row by row at every measured TP and token count: median error per GEMM within what the ECM-overlap
+    fit gives (6.43 / 7.27 / 4.30 / 9.95%, profiles/README.md; the plain roofline's were 7.0 / 7.8 / 6.1 / 9.5%)."""
     real = pd.read_csv(SHARED_REFERENCE / "vidur-data/profiling/compute/h100/meta-llama/Llama-2-70b-hf/mlp.csv")
     ours, _ = _build("h100", model="llama2_70b", root=tmp_path, tps=(1, 2, 4, 8))
     keys = ["num_tensor_parallel_workers", "num_tokens"]
     both = real.merge(ours, on=keys, suffixes=("_real", "_ours"))
     assert len(both) == len(real)
+    bound = {"attn_pre_proj": 6.5, "attn_post_proj": 7.3, "mlp_up_proj": 4.4, "mlp_down_proj": 10.0}
     for op in GEMMS:
         col = f"time_stats.{op}.median"
         ape = (both[f"{col}_ours"] / both[f"{col}_real"] - 1).abs() * 100
-        assert np.median(ape) <= 10.0, (op, np.median(ape))
+        assert np.median(ape) <= bound[op], (op, np.median(ape))
 
 
 def test_generated_profiles_equal_the_build_command(tmp_path, monkeypatch):
@@ -153,7 +156,7 @@ def test_hardware_configs_run_the_main_job(hardware):
 
 @pytest.mark.parametrize("hardware", ["h100_tp2", "h200_tp2", "a40_tp4"])
 def test_study_hardware_runs_timed_by_vidur(hardware):
-    # latency.max_tokens: the table the 60 requests need (auto would size it to H200's 341,288-token cache: minutes)
+    # latency.max_tokens: the table the 60 requests need (auto would size it to H200's 377,392-token cache: minutes)
     cfg = api.compose(["+policy=vllm", "memory=paged", "memory.capacity_tokens=auto", "+demand=high",
                        f"hardware={hardware}", "workload.num_requests=60", "engine.progress=false",
                        "latency.max_tokens=16384"])
@@ -163,24 +166,30 @@ def test_study_hardware_runs_timed_by_vidur(hardware):
 
 
 def test_kv_capacity_auto_is_stated_and_a_model_that_does_not_fit_is_refused():
-    from kvstudy.costs.capacity import auto_breakdown
+    from kvstudy.costs.capacity import auto_breakdown, settings_of
     from kvstudy.running.assemble import hardware_spec
 
     cfg = api.compose(["+policy=mcsf", "+demand=high", "hardware=h200_tp2", "memory.capacity_tokens=auto"])
     arch = load_model_arch("llama2_70b")
-    b = auto_breakdown(arch, hardware_spec(cfg))
-    # by hand (kvstudy/costs/capacity.py): 0.9 x 141 GB, less half the weights (TP2), less 1.5 GB reserved and one
-    # 4,096-token forward pass's activations (4 h + 2 f / tp per token, 2 bytes), over K and V of 80 layers x 8 KV
-    # heads / 2 GPUs x 128 x 2 bytes per token
+    b = auto_breakdown(arch, hardware_spec(cfg), **settings_of(cfg))
+    # by hand (kvstudy/costs/capacity.py, as vLLM sizes its cache): 0.9 x H200's 139.97 GiB as CUDA reports it, less
+    # half the weights (TP2), a 4,096-token profiling pass's activation peak (one layer's 2 h + 3 f / tp values per
+    # token, 2 bytes, and 256 sequences' logits of 32,768 entries at 2 + 12 bytes), 3.58 GiB non-torch memory (TP > 1),
+    # in blocks of 16 tokens of K and V of 80 layers x 8 KV heads / 2 GPUs x 128 x 2 bytes
+    gib = 2 ** 30
     weights = arch.num_params * 2 / 2
-    activations = 1.5e9 + 4096 * (4 * 8192 + 2 * 28672 / 2) * 2
-    assert b["tokens"] == int((0.9 * 141e9 - weights - activations) // (2 * 80 * 4 * 128 * 2))
+    activation = 4096 * (2 * 8192 + 3 * 28672 / 2) * 2 + 256 * 32768 * 14
+    available = 0.9 * round(139.97 * gib) - weights - activation - 3.58 * gib
+    blocks = int(available // (16 * 2 * 80 * 4 * 128 * 2))
+    assert (b["blocks"], b["tokens"]) == (blocks, blocks * 16) == (23587, 377392)
     _, summary = api.simulate(api.compose(["+policy=mcsf", "+demand=high", "hardware=h200_tp2", "latency=linear",
                                            "memory.capacity_tokens=auto", "workload.num_requests=30"]))
     assert summary["capacity_tokens"] == b["tokens"]
-    assert summary["kv_capacity"] == (f"{b['tokens']:,} tokens (auto, per GPU: 0.9 x 141 GB - weights "
-                                      f"{weights / 1e9:.1f} GB - activations {activations / 1e9:.1f} GB, 163,840 B per "
-                                      f"token per GPU; kvstudy/costs/capacity.py)")
+    assert summary["kv_capacity"] == (f"{b['tokens']:,} tokens (auto, as vLLM sizes it, per GPU: 0.9 x 139.97 GiB - "
+                                      f"weights {weights / gib:.2f} GiB - activation peak {activation / gib:.2f} GiB "
+                                      f"(4,096-token profiling pass) - non-torch 3.58 GiB - CUDA graphs 0 = "
+                                      f"{available / gib:.2f} GiB = {blocks:,} blocks of 16 x 163,840 B; "
+                                      f"kvstudy/costs/capacity.py)")
     with pytest.raises(ConfigError, match="does not fit on hardware 'h200_tp1'"):
         api.simulate(api.compose(["+policy=mcsf", "+demand=high", "hardware=h200_tp1", "latency=linear",
                                   "memory.capacity_tokens=auto"]))
@@ -243,13 +252,15 @@ def test_capacity_is_measured_per_setting_not_reused_across_them():
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in (CONF_DIR / "hardware").glob("*.yaml")))
 def test_hardware_configs_agree_with_the_device_registry(name):
-    """A hardware YAML's memory and host link are its device's datasheet numbers (kvstudy/profiles/devices.py), and
-    it says "calibrated: false" exactly when the device is."""
+    """A hardware YAML's host link is its device's datasheet number (kvstudy/profiles/devices.py), its memory is not
+    written a second time (null: the device's memory as CUDA reports it, with its source, below the vendor's GB read
+    as GiB), and it says "calibrated: false" exactly when the device is."""
     import yaml
 
     cfg = yaml.safe_load((CONF_DIR / "hardware" / f"{name}.yaml").read_text())
     gpu = devices.DEVICES[cfg["device"]]
-    assert cfg["memory_gb_per_gpu"] == gpu.memory_gb and cfg["pcie_gbps"] == gpu.pcie_gbps
+    assert cfg["memory_gb_per_gpu"] is None and cfg["pcie_gbps"] == gpu.pcie_gbps
+    assert 0.9 * gpu.memory_gb < gpu.visible_gib < gpu.memory_gb and gpu.memory_source
     assert cfg.get("calibrated", True) == gpu.calibrated
     assert cfg["node"] in devices.NODES
 

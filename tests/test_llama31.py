@@ -57,13 +57,18 @@ def test_auto_capacity_is_the_kv_formula(hardware):
     cfg = api.compose(["+policy=vllm", "model=llama31_8b", f"hardware={hardware}", "memory.capacity_tokens=auto"])
     arch, hw, capacity, _ = api.model_setup(cfg, latency=False)
     tp = hw.tensor_parallel
-    # kvstudy/costs/capacity.py: 90% of 80 GB, less bf16 weights, less 1.5 GB and one 4,096-token forward pass,
-    # over K and V of 32 layers x ceil(8 / tp) KV heads x 128 x 2 bytes per token
-    usable = 0.9 * 80e9 - 8.03e9 * 2 / tp - 1.5e9 - 4096 * (4 * 4096 + 2 * 14336 / tp) * 2
+    # kvstudy/costs/capacity.py, as vLLM sizes its cache: 90% of the A100's 79.15 GiB as CUDA reports it, less bf16
+    # weights, a 512-token profiling pass (vLLM turns chunked prefill on above a 32K context: 512 tokens; one layer's
+    # 2 h + 3 f / tp values per token, 2 bytes, and 256 sequences' logits of 128,256 entries at 2 + 12 bytes) and
+    # non-torch memory (1.79 GiB on one GPU, 3.58 GiB on several), in blocks of 16 tokens of K and V of 32 layers x
+    # ceil(8 / tp) KV heads x 128 x 2 bytes
+    gib = 2 ** 30
+    activation = 512 * (2 * 4096 + 3 * 14336 / tp) * 2 + 256 * 128256 * 14
+    usable = 0.9 * round(79.15 * gib) - 8.03e9 * 2 / tp - activation - (1.79 if tp == 1 else 3.58) * gib
     per_token = 2 * 32 * math.ceil(8 / tp) * 128 * 2
-    assert capacity == math.floor(usable / per_token)
+    assert capacity == math.floor(usable / (16 * per_token)) * 16
     if hardware == "a100_tp1":
-        assert per_token == 131072 and capacity == 412528  # 128 KiB per token: 3.1 full contexts
+        assert per_token == 131072 and capacity == 442448  # 128 KiB per token: 3.4 full contexts
 
 
 @needs_shared

@@ -280,7 +280,9 @@ def test_a_rerun_that_fails_while_writing_leaves_the_finished_run_as_it_was(tmp_
         return real(self, path, *args, **kwargs)
 
     monkeypatch.setattr(pd.DataFrame, "to_parquet", disk_full)
-    with pytest.raises(OSError, match="No space left"):
+    from kvstudy.errors import ResourceError
+
+    with pytest.raises(ResourceError, match=f"^{out}: no space left on the device; free space there"):  # one line
         api.run(cfg, out, resume=False)
     assert _files(out) == finished and not list(out.glob(".incoming-*"))
 

@@ -23,7 +23,7 @@ except ImportError:  # the optional plugin is not installed
 
 def _say(launch, job_overrides: Sequence[Sequence[str]], initial_job_idx: int):
     """Run ``launch`` (submitit's, which waits for every job), then print each run's line and the summary."""
-    from kvstudy.running.sweep_launcher import FAILED, folder_result, say_run, summary_line
+    from kvstudy.running.sweep_launcher import FAILED, folder_result, say_run, summary_line, sweep_dir_of
 
     start_wall, start = time.time(), time.monotonic()
     returns = launch(job_overrides, initial_job_idx)
@@ -34,7 +34,7 @@ def _say(launch, job_overrides: Sequence[Sequence[str]], initial_job_idx: int):
         if folder is None:
             kind, line = FAILED, "error: the job returned no run folder (see its submitit log)"
         else:
-            sweep_dirs.add(str(hydra_cfg.hydra.sweep.dir))
+            sweep_dirs.add(str(sweep_dir_of(folder, hydra_cfg.hydra.sweep.subdir)))  # the folder the run is in
             kind, line = folder_result(folder, start_wall)
             if kind != FAILED and getattr(getattr(ret, "status", None), "name", "") == "FAILED":
                 kind, line = FAILED, f"error: {ret._return_value!r}"

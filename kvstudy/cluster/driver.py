@@ -205,10 +205,8 @@ def merge(engines: Sequence, results: Sequence[EngineResult], routed: np.ndarray
     if "prefix_cache" in extra:
         extra["prefix_cache"] = records.prefix_summary(requests, iterations)
     if "offload" in extra:  # the replicas' tiers (or their shared pool), over every request
-        started = requests["first_scheduled_time"].notna()
-        extra["offload"] = merged_summary([res.extra["offload"] for res in results],
-                                          int(requests.loc[started, "prompt_tokens"].sum()),
-                                          engines[0].memory.block_size, int(requests["offload_loaded_tokens"].sum()))
+        extra["offload"] = merged_summary([res.extra["offload"] for res in results], engines[0].memory.block_size,
+                                          int(requests["offload_loaded_tokens"].sum()))
     if "cacheopt" in extra:  # CacheOPT's counters, over every replica's policy
         parts = [res.extra["cacheopt"] for res in results]
         causes = {}

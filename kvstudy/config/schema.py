@@ -292,7 +292,9 @@ SCHEMA: Dict[str, Group] = {
         "name": NAME, "device": text("a device name (profiles/compute/<device>/)"),
         "node": text("a node name (profiles/network/<node>/)"),
         "tensor_parallel": whole(ge=1, le=1024, unit="GPUs"), "pipeline_parallel": whole(ge=1, le=1024, unit="stages"),
-        "memory_gb_per_gpu": number(gt=0.0, le=1e5, unit="GB"), "pcie_gbps": number(gt=0.0, le=1e5, unit="GB/s"),
+        # the device's memory as CUDA reports it, GiB (null: kvstudy/profiles/devices.py's, kvstudy/costs/capacity.py)
+        "memory_gb_per_gpu": number(gt=0.0, le=1e5, null=True, unit="GiB"),
+        "pcie_gbps": number(gt=0.0, le=1e5, unit="GB/s"),
         "calibrated": flag(),
         "profiles.root": path(), "profiles.compute_dir": path(), "profiles.network_dir": path(),
     }),
@@ -307,7 +309,9 @@ SCHEMA: Dict[str, Group] = {
     }),
     "memory": Group({"name": NAME,
                      "capacity_tokens": whole(ge=1, le=1 << 26, auto=True, e_notation=True, unit="tokens",
-                                              below="a positive whole number (tokens) or auto")},
+                                              below="a positive whole number (tokens) or auto"),
+                     # vLLM's --gpu-memory-utilization, for capacity_tokens=auto (kvstudy/costs/capacity.py)
+                     "gpu_memory_utilization": number(gt=0.0, le=1.0)},
                     by="_target_", options={
         "kvstudy.memory.PaperMemory": {},
         "kvstudy.memory.PagedMemory": {"block_size": whole(ge=1, le=1 << 16, power_of_two=True, unit="tokens"),

@@ -176,6 +176,11 @@ def _check_together(plain: dict) -> None:
     if pp and layers and layers % pp:
         raise ConfigError(f"hardware.pipeline_parallel={pp}: does not divide model '{name}' num_layers={layers}; "
                           f"allowed: a divisor of it ({_divisors(layers)}), each stage holding whole layers")
+    if tp and kv and tp > kv and tp % kv:  # vLLM's QKVParallelLinear replicates KV heads only by a whole factor
+        raise ConfigError(f"hardware.tensor_parallel={tp}: above model '{name}' num_kv_heads={kv} and not a multiple "
+                          f"of it (vLLM replicates each KV head on tensor_parallel / num_kv_heads GPUs); allowed: a "
+                          f"divisor of {kv} or a multiple of it")
+    _check_hardware(plain)
     pred = plain.get("predictor") or {}
     if pred.get("kind") == "gaussian_noise" and pred.get("low") and pred.get("high") and pred["low"] > pred["high"]:
         raise ConfigError(f"predictor.low={pred['low']}: above predictor.high={pred['high']}; allowed: low <= high")
@@ -191,6 +196,62 @@ def _check_together(plain: dict) -> None:
             lat.get("intercept_ms", 1) == 0:
         raise ConfigError("latency.intercept_ms=0: with latency.per_job_ms=0 a batch takes no time; allowed: "
                           "intercept_ms > 0 or per_job_ms > 0")
+
+
+def _own_compute_profiles(hw: Mapping) -> bool:
+    """The hardware config points at compute profiles of its own (``hardware.profiles.root``/``compute_dir``), or
+    the repository's ``profiles/compute/<device>/`` holds some: a device kvstudy/profiles/devices.py need not know."""
+    from kvstudy.running.paths import PROFILES_DIR
+
+    profiles = hw.get("profiles") if isinstance(hw.get("profiles"), dict) else {}
+    if profiles.get("compute_dir") or profiles.get("root"):
+        return True
+    device = hw.get("device")
+    return isinstance(device, str) and (PROFILES_DIR / "compute" / device).is_dir()
+
+
+def _check_hardware(plain: dict) -> None:
+    """The hardware's device against the GPUs kvstudy knows (kvstudy/profiles/devices.py), under any latency model
+    (the KV capacity and the summary read its memory and calibration too), and ``hardware.calibrated`` against the
+    device's own; then the settings a cluster of replicas cannot take (said here, before any run, not in each)."""
+    from kvstudy.profiles.devices import DEVICES
+
+    hw = plain.get("hardware") or {}
+    device = hw.get("device")
+    if isinstance(device, str) and device not in DEVICES and not _own_compute_profiles(hw):
+        near = [d for d in DEVICES if d == device.strip().lower()]
+        hint = f" (names are lower case: '{near[0]}')" if near else ""
+        raise ConfigError(f"hardware.device={device!r}: no GPU of that name{hint}; allowed: {', '.join(DEVICES)} "
+                          f"(kvstudy/profiles/devices.py), or a GPU of one's own with its measured profiles "
+                          f"(hardware.profiles.root=<folder> holding compute/{device}/<model>/mlp.csv)")
+    node = hw.get("node")
+    profiles = hw.get("profiles") if isinstance(hw.get("profiles"), dict) else {}
+    from kvstudy.running.paths import PROFILES_DIR
+
+    if isinstance(node, str) and not (profiles.get("root") or profiles.get("network_dir")) and \
+            not (PROFILES_DIR / "network" / node).is_dir():
+        nodes = sorted(p.name for p in (PROFILES_DIR / "network").iterdir() if p.is_dir())
+        raise ConfigError(f"hardware.node={node!r}: no network profiles of that name (profiles/network/{node}/); "
+                          f"allowed: {', '.join(nodes)}, or a node of one's own (hardware.profiles.network_dir=<folder "
+                          f"with all_reduce.csv and send_recv.csv>)")
+    gpu = DEVICES.get(device) if isinstance(device, str) else None
+    calibrated = hw.get("calibrated")
+    if gpu is not None and isinstance(calibrated, bool) and calibrated != gpu.calibrated and \
+            not _own_compute_profiles(hw):
+        fact = (f"borrows {gpu.calibration}'s fitted efficiencies (no measurement of {device})" if not gpu.calibrated
+                else f"is fitted to its own measurements")
+        raise ConfigError(f"hardware.calibrated={str(calibrated).lower()}: device '{device}' {fact}; allowed: "
+                          f"{str(gpu.calibrated).lower()} (kvstudy/profiles/devices.py), or true with compute "
+                          f"profiles of one's own (hardware.profiles.root)")
+    replicas = (plain.get("cluster") or {}).get("replicas", 1)
+    if isinstance(replicas, int) and replicas > 1:
+        load = (plain.get("demand") or {}).get("load") if isinstance(plain.get("demand"), dict) else None
+        if load is not None:
+            raise ConfigError(f"demand.load={load} is relative to one replica's capacity; with cluster.replicas="
+                              f"{replicas} give demand.rate instead (allowed: cluster.replicas=1)")
+        if (plain.get("engine") or {}).get("arrivals") == "authors_code":
+            raise ConfigError(f"cluster.replicas={replicas}: engine.arrivals=authors_code (regime=authors) is the MC-SF "
+                              f"authors' single-worker event order; allowed: cluster.replicas=1, or regime=none")
 
 
 def check_value(group: str, node: Mapping, key: str, value) -> None:
@@ -259,7 +320,7 @@ def check_group_choices(overrides: Iterable[str]) -> None:
                 value in ("", "null"):
             continue
         allowed = options(key, overrides)
-        for choice in value.split(","):
+        for choice in choice_values(arg) or value.split(","):  # as Hydra reads them: 'my hw' is my hw
             if choice not in allowed:
                 dirs = search_dirs(overrides)
                 where = (f"; looked in conf/{key}/ and {', '.join(str(d / key) + '/' for d in dirs)}" if dirs else
@@ -273,6 +334,20 @@ def _parser():
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     return OverridesParser.create()
+
+
+def choice_values(arg: str) -> Optional[List[str]]:
+    """The options an override ``group=value`` chooses, as Hydra's parser reads them (a quoted ``'my hw'`` is
+    ``my hw``; ``a,b`` and ``choice(a,b)`` both options); None for a value that is no list of names (``range(...)``,
+    null, what the grammar cannot read)."""
+    try:
+        parsed = _parser().parse_overrides([arg])[0]
+    except Exception:
+        return None
+    if parsed.is_sweep_override():
+        return list(parsed.sweep_string_iterator()) if parsed.is_choice_sweep() else None
+    value = parsed.value()
+    return None if value is None or isinstance(value, (dict, list)) else [str(value)]
 
 
 def check_syntax(overrides: Iterable[str]) -> None:
@@ -291,6 +366,20 @@ def check_syntax(overrides: Iterable[str]) -> None:
                               f"(quote text with spaces or brackets: key='a b')") from None
 
 
+def check_env_variables(overrides: Iterable[str]) -> None:
+    """``${oc.env:NAME}`` without a default, NAME unset: one line before Hydra resolves it (in ``hydra.run.dir`` it
+    would stop Hydra with a traceback; in a run's key, the run)."""
+    import os
+    import re
+
+    for arg in overrides:
+        key, _, value = arg.partition("=")
+        for name, default in re.findall(r"\$\{oc\.env:\s*([^,}\s]+)\s*(,[^}]*)?\}", value):
+            if not default and name not in os.environ:
+                raise ConfigError(f"{arg}: the environment variable {name} is not set; allowed: set it (export "
+                                  f"{name}=...), or give ${{oc.env:{name}}} a default: ${{oc.env:{name},VALUE}}")
+
+
 def check_chosen_once(argv: Iterable[str], groups: Set[str]) -> None:
     """A group chosen twice with ``+`` (``+policy=a +policy=b``): one line, not Hydra's ``Multiple values``."""
     seen: Dict[str, str] = {}
@@ -307,6 +396,19 @@ def check_chosen_once(argv: Iterable[str], groups: Set[str]) -> None:
         seen[bare] = arg
 
 
+def _chosen_by_experiment(overrides: List[str], group: str, dirs: tuple) -> Optional[Tuple[str, str]]:
+    """("experiment 'NAME'", option) if an experiment on the command line chooses ``group`` in its defaults list
+    (``- /demand: relative``): a plain ``group=X`` then replaces its choice and ``+group=X`` would choose it twice."""
+    for arg in overrides:
+        key, _, value = arg.partition("=")
+        if key.lstrip("+") == "experiment" and "," not in value:
+            opt = _load_option("experiment", value, dirs)
+            for g, option in (opt.chooses if opt else ()):
+                if g == group:
+                    return f"experiment '{value}'", option
+    return None
+
+
 def check_overrides(argv: Iterable[str]) -> None:
     """Command-line overrides, before Hydra composes them, each mistake in one line instead of Hydra's several: a
     flag Hydra would refuse (``-m --cfg job``), an override the grammar cannot read, an unknown option of a group, a
@@ -317,7 +419,11 @@ def check_overrides(argv: Iterable[str]) -> None:
     overrides, _, args = split_command_line(argv)
     check_flags(args)
     check_syntax(overrides)
+    check_env_variables(overrides)
     check_group_choices(overrides)
+    from kvstudy.config.user_files import check_user_files
+
+    check_user_files(overrides)  # the user's own option files, read as Hydra will read them (kvstudy/config/user_files.py)
     groups = {p.name for p in CONF_DIR.iterdir() if p.is_dir()}
     dirs = tuple(str(d) for d in search_dirs(overrides))
     check_chosen_once(overrides, groups)
@@ -334,8 +440,13 @@ def check_overrides(argv: Iterable[str]) -> None:
         if bare.startswith("hydra") or "/" in bare:
             continue
         if bare in groups:
-            if bare in APPENDED and not key.startswith(("+", "~")):
+            chosen = _chosen_by_experiment(overrides, bare, dirs)
+            if bare in APPENDED and not key.startswith(("+", "~")) and not chosen:
                 raise ConfigError(f"{bare} is chosen with a +: write +{bare}={arg.partition('=')[2]}")
+            if chosen and key.startswith("+") and not key.startswith("++"):
+                value = arg.partition("=")[2]
+                raise ConfigError(f"{arg}: {chosen[0]} chooses {bare} already ({bare}={chosen[1]}); allowed: "
+                                  f"{bare}={value} (without +: replaces the experiment's choice)")
             continue
         if key.startswith("~"):
             if not known_key(bare, dirs):
@@ -518,7 +629,7 @@ class _Choices:
             elif any(c in value for c in "([*"):
                 self.cmd[bare] = (None, True)
             else:
-                values = tuple(v.strip() for v in value.split(","))
+                values = tuple(choice_values(arg) or (v.strip() for v in value.split(",")))
                 self.cmd[bare] = (values, len(values) > 1)
         self.runs = self._view(primary=False)
         self.primary = self._view(primary=True) if multirun else self.runs
@@ -724,8 +835,15 @@ def _check_key(arg: str, choices: _Choices, dirs: tuple) -> None:
                               f"({_options_text(group, names)})")
         adds = [n for n in sorted(names) if takes[n] is None or _matches(rel, takes[n])]
         if adds:
-            raise ConfigError(f"{arg}: {_options_text(group, adds)} has no {rel} in its config; allowed: "
-                              f"+{bare}={value} (to add it: its _target_ takes it)")
+            # another option whose config has the key is named first (memory=paged_offload for memory.offload.*):
+            # adding the key to this option leaves the keys that option sets with it unset (issue 54)
+            others = [o for o in _all_options(group, choices.dirs)
+                      if o not in names and _matches(rel, choices.has(group, o))]
+            first = (f"{group}={others[0]} {bare}={value} ({_options_text(group, others)} has {rel}), or "
+                     if others else "")
+            raise ConfigError(f"{arg}: {_options_text(group, adds)} has no {rel} in its config; allowed: {first}"
+                              f"+{bare}={value} (to add it{' to ' + _options_text(group, adds) if others else ''}: "
+                              f"its _target_ takes it)")
         if view is choices.primary and choices.primary is not choices.runs:
             later = sorted(n for n in (choices.runs.get(group) or ()) if _matches(rel, choices.has(group, n)))
             if later:

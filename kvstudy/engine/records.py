@@ -197,10 +197,7 @@ def _offload_records(st, mem, requests: pd.DataFrame, result: EngineResult) -> N
     for i, tokens in mem.loaded.items():
         loaded[i] = tokens
     requests["offload_loaded_tokens"] = loaded[order]
-    started = requests["first_scheduled_time"].notna()
-    result.extra["offload"] = {**mem.offload.summary(int(requests.loc[started, "prompt_tokens"].sum()),
-                                                     mem.block_size),
-                               "loaded_tokens": int(loaded.sum())}
+    result.extra["offload"] = {**mem.offload.summary(mem.block_size), "loaded_tokens": int(loaded.sum())}
 
 
 def _prefix_records(st, rows: PagedCacheRows, requests: pd.DataFrame, iterations: pd.DataFrame) -> None:

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import pickle
+import shutil
 import sys
 import tempfile
 import time
@@ -28,7 +30,7 @@ from typing import Optional, Sequence, Tuple
 
 from kvstudy.config.validate import check_group
 from kvstudy.costs.arch import ModelArch
-from kvstudy.errors import ConfigError
+from kvstudy.errors import ConfigError, ResourceError, file_system, phase
 from kvstudy.latency.tables import HardwareSpec, PredictorSettings, ProfileFiles, VidurTables, cache_key
 from kvstudy.profiles import generated
 from kvstudy.profiles.devices import DEVICES
@@ -160,9 +162,12 @@ def profile_files(arch: ModelArch, hw: HardwareSpec, profiles_root: Optional[str
         compute = generated.compute_dir(arch, hw.device)
     if not (compute / "mlp.csv").exists():
         available = sorted(p.parent.name for p in (root / "compute" / hw.device).glob("*/mlp.csv"))
+        how = (f"build them with `python -m kvstudy.profiles build --device {hw.device} --models {arch.name}`"
+               if hw.device in DEVICES else
+               f"the profile builder knows only {', '.join(DEVICES)} (kvstudy/profiles/devices.py): for a GPU of "
+               f"one's own, put its measured profiles (Vidur's profiler) in {compute}/")
         raise ConfigError(f"no profiles for model '{arch.name}' on device '{hw.device}' (looked for {compute}/mlp.csv); "
-                          f"profiled models: {', '.join(available) or 'none'}; build them with "
-                          f"`python -m kvstudy.profiles build --device {hw.device} --models {arch.name}`")
+                          f"profiled models: {', '.join(available) or 'none'}; {how}")
     return ProfileFiles(compute / "mlp.csv", compute / "attention.csv", network / "all_reduce.csv",
                         network / "send_recv.csv")
 
@@ -236,7 +241,10 @@ def vidur(arch: ModelArch, hardware: HardwareSpec, capacity_tokens: int = 0, pro
     source = "cache"
     if tables is None:
         prepare_cache(folder)  # a cache that cannot be written: one line, before the training
-        with _build_lock(folder):
+        # a full disk or Ctrl-C while training: one line naming the folder and what it keeps (kvstudy/errors.py)
+        with phase(f"training Vidur's predictor for {arch.name} on {hardware.name} into {folder}",
+                   "the cache keeps nothing of it; the next run trains it again"), \
+                file_system(folder, _CACHE_FIX), _build_lock(folder):
             # another process (a sweep's worker, a parallel test) may have built it while this one waited
             tables = VidurTables.load(folder / "tables.npz")
             if tables is None:
@@ -259,10 +267,19 @@ def _train(arch: ModelArch, hardware: HardwareSpec, files: ProfileFiles, setting
     # that the next build would load. Each build gets a fresh folder, removed afterwards: only tables.npz
     # (written atomically) is kept.
     with tempfile.TemporaryDirectory(prefix="vidur-build-", dir=folder) as scratch:
-        predictor = vidur_adapter.make_predictor(arch, hardware, files, settings, scratch)
+        try:
+            predictor = vidur_adapter.make_predictor(arch, hardware, files, settings, scratch)
+        except (pickle.UnpicklingError, EOFError) as exc:  # Vidur reads back the models it wrote: cut short
+            free = shutil.disk_usage(scratch).free / 1e6
+            raise ResourceError(f"{folder}: a model Vidur wrote while training could not be read back ({exc}), "
+                                f"as when the disk is full ({free:,.0f} MB free there); {_CACHE_FIX}, then run "
+                                f"again") from None
         tables = vidur_adapter.tables_from_predictor(predictor, arch, hardware, settings)
     tables.save(folder / "tables.npz")
     return tables
+
+
+_CACHE_FIX = "free space there or set KVSTUDY_CACHE_DIR to a folder on another disk"
 
 
 @contextlib.contextmanager

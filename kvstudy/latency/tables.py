@@ -40,7 +40,7 @@ class HardwareSpec:
     node: str  # Vidur NodeSKUType string, e.g. "a100_pairwise_nvlink"
     tensor_parallel: int
     pipeline_parallel: int = 1
-    memory_gb_per_gpu: float = 80.0
+    memory_gb_per_gpu: float = 80.0  # the vendor's GB (a cache-key field); KV capacity: kvstudy/costs/capacity.py
     pcie_gbps: float = 31.5
 
 

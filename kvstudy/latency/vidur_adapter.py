@@ -31,6 +31,7 @@ grid measure extrapolation rather than the interpolation the lookup tables do).
 from __future__ import annotations
 
 import logging
+import pickle
 import sys
 import time
 import os
@@ -159,6 +160,28 @@ class _OfflineMixin:
 
     def _get_kv_parallel_communication_time(self, batch):  # missing in the linear-regression class
         return 0.0
+
+    # Vidur 0.0.26's two methods (sklearn_execution_time_predictor.py) with the pickle file closed: stock
+    # ``pickle.load(open(...))`` / ``pickle.dump(model, open(...))`` leave each file to the garbage collector (one
+    # "unclosed file <...attn_pre_proj.pkl>" ResourceWarning per operator model, issue 54), same locks and paths.
+    def _load_model_from_cache(self, model_name, model_hash):
+        from fasteners import InterProcessReaderWriterLock
+
+        with InterProcessReaderWriterLock(f"{self._cache_dir}/{model_name}_{model_hash}_model_lock.file").read_lock():
+            cache_file = f"{self._cache_dir}/predictors/{model_hash}/{model_name}.pkl"
+            if self._config.no_cache or not os.path.exists(cache_file):
+                return None
+            with open(cache_file, "rb") as fh:
+                return pickle.load(fh)
+
+    def _store_model_in_cache(self, model_name, model_hash, model) -> None:
+        from fasteners import InterProcessReaderWriterLock
+
+        with InterProcessReaderWriterLock(f"{self._cache_dir}/{model_hash}_model_lock.file").write_lock():
+            cache_file = f"{self._cache_dir}/predictors/{model_hash}/{model_name}.pkl"
+            os.makedirs(os.path.dirname(cache_file), exist_ok=True)
+            with open(cache_file, "wb") as fh:
+                pickle.dump(model, fh, protocol=pickle.HIGHEST_PROTOCOL)
 
     def _store_model_prediction_cache(self, model_name, model_hash, predictions) -> None:
         """Vidur writes every prediction dict as an xz-compressed CSV into its cache folder, which kvstudy makes per

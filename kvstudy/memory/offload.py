@@ -27,7 +27,8 @@ Semantics (each named where it follows or leaves vLLM's CPU offloading / KV conn
   same whether a prefix is loaded or recomputed; only compute and time differ.
 
 Records: per request ``offload_loaded_tokens``; per run the summary's ``offload`` (per tier: blocks held at the end,
-blocks and bytes written and read, hit rate of the prompt tokens), and the loads' seconds.
+blocks and bytes written and read, hit rate: tokens loaded / tokens looked up at every prefill start), the lookups,
+and the loads' seconds.
 """
 from __future__ import annotations
 
@@ -179,6 +180,10 @@ class OffloadView:
         self.pending_seconds = 0.0  # loads started in the iteration being formed
         self.load_seconds_total = 0.0
         self.recomputed_blocks = 0  # found in a tier, recomputed (choice)
+        #: prefill starts that looked their context up (first prefills and recomputes after a preemption alike) and
+        #: the tokens they looked up: a tier's hit rate is its loaded tokens over these (``looked_up``)
+        self.lookups = 0
+        self.lookup_tokens = 0
 
     def bind(self, block_bytes_per_gpu: int) -> None:
         """A run starts: this replica's counters cleared; its own tiers emptied (a shared pool by replica 0, which the
@@ -241,6 +246,14 @@ class OffloadView:
         self.load_seconds_total += seconds
         return seconds
 
+    def looked_up(self, tokens: int) -> None:
+        """A prefill of ``tokens`` tokens starts and looks its context up (every start counts, a recompute after a
+        preemption too, and one that shares nothing: it misses): the denominator of the tiers' hit rates, counted at
+        the same lookups as their hits, so a hit rate lies in [0, 1] (issue 54: reloads after preemption had been
+        counted against each request's prompt once, 15.25 under rr_sjf)."""
+        self.lookups += 1
+        self.lookup_tokens += int(tokens)
+
     def skipped(self, keys: Sequence[Hashable], hit: int, most: int) -> None:
         """Blocks found in a tier but recomputed (counted for the summary)."""
         self.recomputed_blocks += len(self.pool.match(keys, hit, most))
@@ -263,24 +276,33 @@ class OffloadView:
                            "write_gbps": t.write_gbps} for t in pool.tiers],
                 "load": pool.load_mode, "choice": pool.choice, "shared": pool.shared}
 
-    def summary(self, prompt_tokens: int, block_size: int) -> dict:
-        """This replica's: per tier, blocks written and read (and their bytes), its hit rate (prompt tokens loaded
-        from it / prompt tokens of the started prefills), and the blocks the tier holds at the end (the pool's)."""
+    def summary(self, block_size: int) -> dict:
+        """This replica's: per tier, blocks written and read (and their bytes), its hit rate (tokens loaded from it
+        / tokens looked up, both counted at every prefill start: ``looked_up``), and the blocks the tier holds at the
+        end (the pool's)."""
         pool, b = self.pool, self.pool.block_bytes
         return {"tiers": {t.name: {"blocks": len(t.blocks), "written_blocks": self.written[k],
                                    "written_bytes": self.written[k] * b, "read_blocks": self.read[k],
                                    "read_bytes": self.read[k] * b,
-                                   "hit_rate": self.read[k] * block_size / prompt_tokens if prompt_tokens else 0.0}
+                                   "hit_rate": hit_rate(self.read[k], block_size, self.lookup_tokens)}
                           for k, t in enumerate(pool.tiers)},
-                "remote_blocks": self.remote_blocks, "load_seconds": self.load_seconds_total,
+                "lookups": self.lookups, "lookup_tokens": self.lookup_tokens, "remote_blocks": self.remote_blocks, "load_seconds": self.load_seconds_total,
                 "recomputed_blocks": self.recomputed_blocks, "load": pool.load_mode, "choice": pool.choice,
                 "shared": pool.shared}
 
 
-def merged_summary(parts: Sequence[dict], prompt_tokens: int, block_size: int, loaded_tokens: int) -> dict:
-    """The replicas' summaries as one: counts summed, hit rates over all prompt tokens; blocks held at the end summed
-    over the replicas' own tiers, or the shared pool's once."""
+def hit_rate(read_blocks: int, block_size: int, lookup_tokens: int) -> float:
+    """A tier's hit rate: tokens loaded from it / tokens looked up, both counted at the same prefill starts
+    (``OffloadView.looked_up``; docs/prefix_caching.md, "Offload records"). A lookup loads at most
+    ``(tokens - 1) // block_size`` blocks from all tiers together, so the rates of a run's tiers sum to at most 1."""
+    return read_blocks * block_size / lookup_tokens if lookup_tokens else 0.0
+
+
+def merged_summary(parts: Sequence[dict], block_size: int, loaded_tokens: int) -> dict:
+    """The replicas' summaries as one: counts summed, hit rates over every replica's lookups; blocks held at the end
+    summed over the replicas' own tiers, or the shared pool's once."""
     first = parts[0]
+    lookup_tokens = sum(p["lookup_tokens"] for p in parts)
     tiers = {}
     for name in first["tiers"]:
         rows = [p["tiers"][name] for p in parts]
@@ -288,8 +310,9 @@ def merged_summary(parts: Sequence[dict], prompt_tokens: int, block_size: int, l
         tiers[name] = {"blocks": rows[0]["blocks"] if first["shared"] else sum(r["blocks"] for r in rows),
                        **{k: sum(r[k] for r in rows) for k in ("written_blocks", "written_bytes", "read_blocks",
                                                                 "read_bytes")},
-                       "hit_rate": read * block_size / prompt_tokens if prompt_tokens else 0.0}
-    return {**first, "tiers": tiers, "remote_blocks": sum(p["remote_blocks"] for p in parts),
+                       "hit_rate": hit_rate(read, block_size, lookup_tokens)}
+    return {**first, "tiers": tiers, "lookups": sum(p["lookups"] for p in parts), "lookup_tokens": lookup_tokens,
+            "remote_blocks": sum(p["remote_blocks"] for p in parts),
             "load_seconds": sum(p["load_seconds"] for p in parts),
             "recomputed_blocks": sum(p["recomputed_blocks"] for p in parts), "loaded_tokens": loaded_tokens}
 
@@ -320,6 +343,15 @@ def network_reader(send_recv_csv) -> Callable[[float], float]:
     import numpy as np
     import pandas as pd
 
+    from pathlib import Path
+
+    from kvstudy.errors import ConfigError
+
+    if not Path(send_recv_csv).is_file():  # hardware.node naming no profile: said in one line (a shared pool reads it)
+        there = sorted(p.parent.name for p in Path(send_recv_csv).parent.parent.glob("*/send_recv.csv"))
+        raise ConfigError(f"memory.offload.shared=true reads the link between nodes from {send_recv_csv}: no such file "
+                          f"(hardware.node names no network profile there); allowed: a node with one there "
+                          f"({', '.join(there) or 'none'}), or hardware.profiles.network_dir=<folder with send_recv.csv>")
     df = pd.read_csv(send_recv_csv)
     rows = df[df["devices_per_node"] == 1] if (df["devices_per_node"] == 1).any() else df
     rows = rows.groupby("size", as_index=False)["time_stats.send_recv.median"].median().sort_values("size")

@@ -361,6 +361,8 @@ class PrefixCachingMemory(PagedMemory):
         skips. The engine then caches the blocks each chunk fills as it schedules it (``advance``; vLLM v1 caches at
         scheduling)."""
         blocks = self.gpu[i] = self.blocks(tokens)
+        if self.offload is not None:  # every start is a lookup of its tokens, for the tiers' hit rates (a miss too)
+            self.offload.looked_up(tokens)
         if self._segments(i) is None:  # it shares nothing: blocks of its own, nothing to look up
             self._take(i, blocks)
             return 0

@@ -16,6 +16,7 @@ relaxation), an upper bound on its optimality gap where the IP is out of reach (
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from pathlib import Path
@@ -93,6 +94,11 @@ def main(argv=None) -> int:
         if bad:
             raise ConfigError(f"--M {bad[0]}: allowed whole numbers >= 4 and <= {MAX_ADVERSARY_M:,} (the instance "
                               f"needs M/2 short requests and a long one of M - 1 tokens)")
+        odd = [m for m in args.M if math.isqrt(m) ** 2 != m or math.isqrt(m) % 2]  # kvstudy/optimum/adversary.py
+        if odd:
+            raise ConfigError(f"--M {odd[0]}: allowed the square of an even number (4, 16, 36, 64, ..., "
+                              f"{MAX_ADVERSARY_M:,}): the short requests arrive sqrt(M)/2 rounds before M, a whole "
+                              f"number of rounds")
     if args.command == "study":
         finite_args(time_limit=args.time_limit, cpsat=args.cpsat)
     if args.command == "bound":

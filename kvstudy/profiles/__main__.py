@@ -91,11 +91,15 @@ def main(argv=None) -> int:
         print(f"{gpu.name}: uncalibrated (no measurement of this GPU: the {gpu.calibration} fit's efficiencies with "
               f"{gpu.name}'s datasheet peaks: {gpu.source})")
     started = time.perf_counter()
-    for arch in archs:
-        for path in build_model(arch, calib, args.out, device=gpu.name):
+    from kvstudy.errors import phase  # Ctrl-C or a full disk here: one line naming the phase (kvstudy/errors.py)
+
+    with phase(f"building {gpu.name} profiles into {args.out}", "each file listed above is whole, the others are "
+               "not written; the same command builds them all again"):
+        for arch in archs:
+            for path in build_model(arch, calib, args.out, device=gpu.name):
+                print(f"wrote {path}")
+        for path in build_network(calib, args.out):
             print(f"wrote {path}")
-    for path in build_network(calib, args.out):
-        print(f"wrote {path}")
     print(f"built {len(archs)} model(s) on {gpu.name} in {time.perf_counter() - started:.1f} s")
     return 0
 

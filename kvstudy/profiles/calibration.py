@@ -1,6 +1,7 @@
 """Fit the analytical GPU model's efficiencies to a GPU's real Vidur measurements and report its error.
 
-For a calibrated device (``devices.CALIBRATED``: a100, h100) reads (never copies)
+For a calibrated device (``devices.CALIBRATED``: a100, h100; H100's GEMMs with the overlap term phi, ``OVERLAP_FITTED``)
+reads (never copies)
 ``<vidur-data>/profiling/compute/<device>/*/*/mlp.csv`` and ``<vidur-data>/profiling/network/<device>_*/{all_reduce,
 send_recv}.csv``; writes the fitted constants to ``profiles/calibration.json`` (A100) or
 ``profiles/calibration_<device>.json`` (``calibration_file``), which the profile builder reads. Errors are absolute percentage errors
@@ -43,6 +44,29 @@ def calibration_file(device: str) -> Path:
     return CALIBRATION_FILE if device == "a100" else CALIBRATION_FILE.with_name(f"calibration_{device}.json")
 
 
+def _read_measured(path: Path, required, optional=()) -> pd.DataFrame:
+    """A measured Vidur CSV, its ``required`` columns present and every cell of them and of the ``optional`` ones
+    present a finite number (a cell of text or an empty one named by file, column and row, in one line, before the fit
+    reads it as NaN or fails on a string)."""
+    try:
+        df = pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise DataError(f"{path}: not a readable CSV ({first}); allowed: a Vidur profiling CSV") from None
+    missing = [c for c in required if c not in df.columns]
+    if missing:
+        raise DataError(f"{path}: no column(s) {', '.join(missing)}; allowed: a Vidur profiling CSV with them")
+    for col in list(required) + [c for c in optional if c in df.columns]:
+        numbers = pd.to_numeric(df[col], errors="coerce")
+        bad = np.flatnonzero(~np.isfinite(numbers.to_numpy(dtype=float)))
+        if len(bad):
+            row = int(bad[0])
+            raise DataError(f"{path}: column {col} row {row + 2} (line {row + 2} of the file) has {df[col].iloc[row]!r}; "
+                            f"allowed: finite numbers ({len(bad)} of {len(df)} rows are not)")
+        df[col] = numbers
+    return df
+
+
 def load_measured_mlp(vidur_data: Path, device: str = "a100") -> pd.DataFrame:
     """Every measured MLP row of ``device`` with its model's name: columns num_tokens, tp, model, op, ms."""
     files = sorted((Path(vidur_data) / "profiling" / "compute" / device).glob("*/*/mlp.csv"))
@@ -50,7 +74,8 @@ def load_measured_mlp(vidur_data: Path, device: str = "a100") -> pd.DataFrame:
         raise DataError(f"no measured profiles under {vidur_data}/profiling/compute/{device}/*/*/mlp.csv")
     frames = []
     for path in files:
-        df = pd.read_csv(path)
+        df = _read_measured(path, _ARCH_COLUMNS + ["num_tokens", "num_tensor_parallel_workers"],
+                            [f"time_stats.{op}.median" for op in MLP_OPS])
         model = f"{path.parent.parent.name}/{path.parent.name}"
         for op in MLP_OPS:
             col = f"time_stats.{op}.median"
@@ -71,27 +96,43 @@ def _predict(df: pd.DataFrame, op: str, params: Dict[str, float], device: str = 
         arch = _arch_from_row(rows.iloc[0], model)
         flops, nbytes = op_work(arch, int(tp), rows["num_tokens"].to_numpy())[op]
         pos = df.index.get_indexer(idx)
-        out[pos] = roofline_ms(flops, nbytes, device, params["c0"], params.get("eta", 0.0), params["mu"])
+        out[pos] = roofline_ms(flops, nbytes, device, params["c0"], params.get("eta", 0.0), params["mu"],
+                               params.get("phi"))
     return out
 
 
-def fit_mlp_ops(measured: pd.DataFrame, device: str = "a100") -> Dict[str, Dict[str, float]]:
+#: The calibrated GPUs whose GEMMs are fitted with the ECM overlap term phi (gpu_model's module docstring): H100,
+#: where the plain roofline misses Vidur's rows by 8.6/7.0/7.5/9.7% (pooled GEMM medians; with phi 6.6/6.4/5.2/8.1%,
+#: profiles/README.md, "Why the H100 fit was weaker"). A100 keeps the roofline so that its profiles, and every A100
+#: result, stay byte for byte what they were (with phi its GEMM medians would go 6.6/5.8/5.5/6.3% -> 5.9/5.0/4.7/5.4%:
+#: `python bench/hardware_fit.py --device a100 --refit overlap`).
+OVERLAP_FITTED = ("h100",)
+
+
+def fit_mlp_ops(measured: pd.DataFrame, device: str = "a100", overlap: bool = None,
+                ops=MLP_OPS) -> Dict[str, Dict[str, float]]:
+    """(c0, mu[, eta[, phi]]) per operator of ``ops``; ``overlap`` (default: ``device in OVERLAP_FITTED``) fits the
+    GEMMs' phi."""
     fitted = {}
-    for op in MLP_OPS:
+    overlap_fitted = device in OVERLAP_FITTED if overlap is None else overlap
+    for op in ops:
         df = measured[measured["op"] == op].reset_index(drop=True)
         gemm = op in GEMM_OPS
+        overlap = gemm and overlap_fitted
         y = np.log(df["ms"].to_numpy())
 
         def unpack(x):
             p = {"c0": float(np.exp(x[0])), "mu": float(1 / (1 + np.exp(-x[1])))}
             if gemm:
                 p["eta"] = float(1 / (1 + np.exp(-x[2])))
+            if overlap:
+                p["phi"] = float(1 / (1 + np.exp(-x[3])))
             return p
 
         def residual(x):
             return np.log(_predict(df, op, unpack(x), device)) - y
 
-        x0 = [np.log(0.005), 1.0] + ([1.0] if gemm else [])
+        x0 = [np.log(0.005), 1.0] + ([1.0] if gemm else []) + ([0.0] if overlap else [])
         res = least_squares(residual, x0, loss="soft_l1", f_scale=0.1)
         fitted[op] = {k: round(v, 6) for k, v in unpack(res.x).items()}
     return fitted
@@ -112,8 +153,8 @@ def load_measured_network(vidur_data: Path, device: str = "a100") -> pd.DataFram
     frames = []
     for path in sorted((Path(vidur_data) / "profiling" / "network").glob(f"{device}_*/*.csv")):
         kind = path.stem
-        df = pd.read_csv(path)
         col = f"time_stats.{kind}.median"
+        df = _read_measured(path, ["num_workers", "devices_per_node", "size", col])
         frames.append(pd.DataFrame({
             "node": path.parent.name, "collective": kind, "workers": df["num_workers"],
             "devices_per_node": df["devices_per_node"], "size": df["size"], "ms": df[col]}))
@@ -171,7 +212,59 @@ def write_calibration(vidur_data: Path, out: Path, device: str = "a100") -> Dict
 def load_calibration(path: Path) -> Dict:
     if not Path(path).exists():
         raise DataError(f"calibration file {path} not found; create it with `python -m kvstudy.profiles calibrate`")
-    return json.loads(Path(path).read_text())
+    calib = json.loads(Path(path).read_text())
+    check_calibration(calib, path)
+    return calib
+
+
+def _calibration_problem(calib) -> str:
+    """What makes ``calib`` no calibration the builder can read ('' if none): the keys ``write_calibration`` writes
+    and the builder reads (device, mlp_ops per operator, network's fits), each number finite and positive."""
+    import math
+
+    from kvstudy.profiles.gpu_model import GEMM_OPS, MLP_OPS
+
+    if not isinstance(calib, dict):
+        return f"a JSON {type(calib).__name__}, not an object"
+    if not calib:
+        return "an empty object"
+    if "device" not in calib:
+        return f"no 'device' (the measured GPU: {', '.join(CALIBRATED)})"
+    if calib.get("device") not in CALIBRATED:
+        return f"its 'device' is {calib.get('device')!r}, not one of {', '.join(CALIBRATED)}"
+    ops = calib.get("mlp_ops")
+    if not isinstance(ops, dict):
+        return "no 'mlp_ops' object (the fitted efficiencies per operator)"
+    for op in MLP_OPS:
+        fit = ops.get(op)
+        need = ("c0", "mu") + (("eta",) if op in GEMM_OPS else ())
+        if not isinstance(fit, dict):
+            return f"mlp_ops has no '{op}'"
+        for key in need + tuple(k for k in ("phi",) if k in fit):
+            value = fit.get(key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                return f"mlp_ops.{op}.{key} is {value!r}, not a positive number"
+    network = calib.get("network")
+    if not isinstance(network, list):
+        return "no 'network' list (the collectives' fits)"
+    for k, fit in enumerate(network):
+        fields = ("node", "collective", "workers", "devices_per_node", "alpha_ms", "bus_gbps")
+        if not isinstance(fit, dict) or any(f not in fit for f in fields):
+            return f"network[{k}] lacks one of {', '.join(fields)}"
+        for key in ("alpha_ms", "bus_gbps"):
+            value = fit[key]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                return f"network[{k}].{key} is {value!r}, not a number >= 0"
+    return ""
+
+
+def check_calibration(calib, path) -> None:
+    """A calibration file the builder cannot read (an empty ``{}``, a missing operator, a number that is text), named
+    in one line before any profile is written."""
+    problem = _calibration_problem(calib)
+    if problem:
+        raise DataError(f"calibration file {path}: {problem}; allowed: the JSON `python -m kvstudy.profiles calibrate` "
+                        f"writes (profiles/calibration.json)")
 
 
 def op_times_from_calibration(arch: ModelArch, tp: int, n: np.ndarray, calib: Dict,

@@ -17,6 +17,14 @@ Sec. 4.1 / Fig. 7), i.e. the same kernel uses a smaller share of Hopper's peak: 
 
 Nodes: the collectives of a node Vidur measured are fitted to its measurements (``calibration.py``); a node it did
 not measure is derived from a measured one with the link bandwidth scaled by the spec ratio (``NodeSpec.derived``).
+
+Memory: ``memory_gb`` is the vendor's figure (80, 141, 48, 24 "GB"); ``visible_gib`` what CUDA reports as the device's
+total (``torch.cuda.mem_get_info()[1]``, the ``total_gpu_memory`` vLLM's memory profiling starts from), in GiB
+(2^30 B), with its source in ``memory_source``. An "80 GB" A100 or H100 has 80 GiB of HBM (nvidia-smi: 81,920 MiB
+and 81,559 MiB) of which the driver keeps ~0.4-0.9 GiB; the KV capacity (kvstudy/costs/capacity.py) starts from
+``visible_gib``. Printed figures (A100, H100) are used as printed; the others are nvidia-smi's total less the
+reserve measured on the closest device with both figures (Hopper: H100's 0.43 GiB; GDDR6 Ampere/Ada: A10G's
+0.51 GiB), each said in its source.
 """
 from __future__ import annotations
 
@@ -29,11 +37,18 @@ class Device:
     name: str
     peak_tflops: float  # dense FP16/BF16 tensor-core peak
     hbm_gbps: float  # memory bandwidth, GB/s
-    memory_gb: float  # device memory, GB
+    memory_gb: float  # device memory, the vendor's "GB" (datasheet)
     pcie_gbps: float  # host link, GB/s per direction (after encoding)
     calibration: str = "a100"  # the measured GPU whose fitted efficiencies it uses
     attention_eta_max: float = 0.65  # FlashAttention-2's share of this architecture's peak (module docstring)
     source: str = ""  # where every number above comes from
+    visible_gib: float = 0.0  # total memory as CUDA reports it (torch.cuda.mem_get_info), GiB (module docstring)
+    memory_source: str = ""  # where visible_gib comes from
+
+    @property
+    def memory_bytes(self) -> int:
+        """The device's memory in bytes as CUDA reports it (what vLLM's ``gpu_memory_utilization`` multiplies)."""
+        return int(round(self.visible_gib * 2 ** 30))
 
     @property
     def calibrated(self) -> bool:
@@ -46,21 +61,44 @@ class Device:
 DEVICES: Dict[str, Device] = {
     "a100": Device("a100", peak_tflops=312.0, hbm_gbps=2039.0, memory_gb=80.0, pcie_gbps=31.5, calibration="a100",
                    source="NVIDIA A100 Tensor Core GPU datasheet (2021), A100 SXM4 80GB: 312 TFLOPS dense FP16/BF16 "
-                          "tensor, HBM2e 2,039 GB/s, 80 GB, NVLink 600 GB/s, PCIe Gen4 x16"),
+                          "tensor, HBM2e 2,039 GB/s, 80 GB, NVLink 600 GB/s, PCIe Gen4 x16",
+                   visible_gib=79.15,
+                   memory_source="PyTorch's out-of-memory message on an A100-SXM4-80GB, 'GPU 0 has a total capacity "
+                                 "of 79.15 GiB' (torch.cuda.mem_get_info total), quoted with nvidia-smi's '0MiB / "
+                                 "81920MiB' in public notes; nvidia-smi's 81,920 MiB also in modal-labs/modal-client "
+                                 "PR #2797"),
     "h100": Device("h100", peak_tflops=989.0, hbm_gbps=3350.0, memory_gb=80.0, pcie_gbps=63.0, calibration="h100",
                    attention_eta_max=0.30,
                    source="NVIDIA H100 Tensor Core GPU datasheet (2023), H100 SXM5 80GB: 989 TFLOPS dense FP16/BF16 "
-                          "tensor (1,979 with sparsity), HBM3 3.35 TB/s, 80 GB, NVLink 900 GB/s, PCIe Gen5 x16"),
+                          "tensor (1,979 with sparsity), HBM3 3.35 TB/s, 80 GB, NVLink 900 GB/s, PCIe Gen5 x16",
+                   visible_gib=79.216,
+                   memory_source="vLLM's own memory-profiling log on an H100-80G, 'total_gpu_memory (79.22GiB) x "
+                                 "gpu_memory_utilization (0.90) = 71.29GiB' (vllm-project/vllm PR #12126; the same "
+                                 "79.22GiB in PR #10511): both roundings hold for 79.215-79.2167 GiB; nvidia-smi "
+                                 "81,559 MiB (modal-labs/modal-client PR #2797), so the driver keeps 0.43 GiB"),
     "h200": Device("h200", peak_tflops=989.0, hbm_gbps=4800.0, memory_gb=141.0, pcie_gbps=63.0, calibration="h100",
                    attention_eta_max=0.30,
                    source="NVIDIA H200 Tensor Core GPU datasheet (2024), H200 SXM: 989 TFLOPS dense FP16/BF16 tensor "
-                          "(1,979 with sparsity), HBM3e 4.8 TB/s, 141 GB, NVLink 900 GB/s, PCIe Gen5 x16"),
+                          "(1,979 with sparsity), HBM3e 4.8 TB/s, 141 GB, NVLink 900 GB/s, PCIe Gen5 x16",
+                   visible_gib=139.97,
+                   memory_source="nvidia-smi's total '143771MiB' on an H200 (public nvidia-smi outputs) less the "
+                                 "0.43 GiB the driver keeps on an H100 (its 81,559 MiB vs vLLM's 79.22 GiB): an "
+                                 "estimate, no printed CUDA total found"),
     "a40": Device("a40", peak_tflops=149.7, hbm_gbps=696.0, memory_gb=48.0, pcie_gbps=31.5, calibration="a100",
                   source="NVIDIA A40 datasheet (2020): 149.7 TFLOPS dense FP16/BF16 tensor (299.4 with sparsity), "
-                         "48 GB GDDR6 696 GB/s, NVLink bridge 112.5 GB/s bidirectional (2 GPUs), PCIe Gen4 x16"),
+                         "48 GB GDDR6 696 GB/s, NVLink bridge 112.5 GB/s bidirectional (2 GPUs), PCIe Gen4 x16",
+                  visible_gib=44.48,
+                  memory_source="nvidia-smi's total '46068MiB' on an A40 with ECC on (the data-center default; "
+                                "49,140 MiB with ECC off; public nvidia-smi outputs) less the 0.51 GiB the driver "
+                                "keeps on an A10G (nvidia-smi 23,028 MiB vs PyTorch's 'total capacity of 21.98 "
+                                "GiB'): an estimate, no printed CUDA total found"),
     "l4": Device("l4", peak_tflops=121.0, hbm_gbps=300.0, memory_gb=24.0, pcie_gbps=31.5, calibration="a100",
                  source="NVIDIA L4 datasheet (2023): 121 TFLOPS dense FP16/BF16 tensor (242 with sparsity), 24 GB GDDR6 "
-                        "300 GB/s, PCIe Gen4 x16, no NVLink"),
+                        "300 GB/s, PCIe Gen4 x16, no NVLink",
+                 visible_gib=21.99,
+                 memory_source="nvidia-smi's total 23,034 MiB on an L4 (modal-labs/modal-client PR #2797) less the "
+                               "0.51 GiB the driver keeps on an A10G (23,028 MiB vs PyTorch's 'total capacity of "
+                               "21.98 GiB'): an estimate"),
 }
 
 #: The GPUs with measurements (Vidur's public profiles): the calibration file of each.
@@ -108,7 +146,8 @@ def device(name: str) -> Device:
     from kvstudy.errors import ConfigError
 
     if name not in DEVICES:
-        raise ConfigError(f"device '{name}': allowed {', '.join(DEVICES)} (kvstudy/profiles/devices.py)")
+        near = f" (names are lower case: '{name.lower()}')" if isinstance(name, str) and name.lower() in DEVICES else ""
+        raise ConfigError(f"device '{name}'{near}: allowed {', '.join(DEVICES)} (kvstudy/profiles/devices.py)")
     return DEVICES[name]
 
 

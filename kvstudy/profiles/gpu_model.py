@@ -5,11 +5,20 @@ layer on one tensor-parallel worker; its time in milliseconds is
 
     t(n) = c0 + max(F(n) / (P * eta), B(n) / (W * mu))                (GEMMs, attention prefill)
     t(n) = c0 + B(n) / (W * mu)                                        (element-wise ops, decode attention)
+    t(n) = c0 + max(C, B(n) / (W * mu) + phi * C),  C = F(n) / (P * eta)   (GEMMs of a fit with ``phi``: H100)
 
 with P the dense FP16 tensor-core peak and W the HBM bandwidth of the device (datasheet figures in
-``DEVICES``) and (c0, eta, mu) per operator. For the MLP-block operators these are least-squares fits
-to Vidur's real A100 measurements (``calibration.py``, written to ``profiles/calibration.json``);
-attention has no measured data here and uses published FlashAttention-2 figures (``ATTENTION``).
+``DEVICES``) and (c0, eta, mu) per operator. The third form follows the Execution-Cache-Memory (ECM) model's overlap
+rule T = max(T_OL, T_nOL + T_data) (Treibig & Hager, "Introducing a performance model for bandwidth-limited loop
+kernels", PPAM 2009, LNCS 6067, 2010; Hager, Treibig, Habich & Wellein, CCPE 28(2), 2016): a fraction phi of the
+compute time cannot overlap the memory traffic (a GEMM's pipeline fill and epilogue, where the tensor cores wait for
+loads or for the output to be written) and adds to the transfer time, so an operator near the roofline's ridge takes
+up to (1 + phi) x the larger of the two; phi = 0 is the roofline. Only a calibration that fitted phi uses it
+(``calibration.OVERLAP_FITTED``: H100, whose ridge sits at 295 FLOP/byte against A100's 153, so far more of its
+measured token counts lie near it; profiles/README.md). For the MLP-block operators the constants are least-squares
+fits to Vidur's real A100 (H100) measurements (``calibration.py``, written to ``profiles/calibration.json``,
+``calibration_h100.json``); attention has no measured data here and uses published FlashAttention-2 figures
+(``ATTENTION``).
 
 Collectives: ring all-reduce of S bytes over w workers takes alpha + 2 (w-1)/w * S / B_bus and a
 send/recv alpha + S / B_link, with (alpha, B) fitted to Vidur's measured all_reduce/send_recv files.
@@ -79,10 +88,14 @@ def op_work(arch: ModelArch, tp: int, n: np.ndarray) -> Dict[str, tuple]:
     return work
 
 
-def roofline_ms(flops, nbytes, device: Device, c0: float, eta: float, mu: float) -> np.ndarray:
+def roofline_ms(flops, nbytes, device: Device, c0: float, eta: float, mu: float, phi: float = None) -> np.ndarray:
+    """The module docstring's operator time; ``phi`` (None: the plain roofline) the non-overlapped share of compute."""
     compute = np.asarray(flops, float) / (device.peak_tflops * 1e12 * eta) if eta > 0 else 0.0
     memory = np.asarray(nbytes, float) / (device.hbm_gbps * 1e9 * mu)
-    t = c0 + np.maximum(compute, memory) * 1e3
+    if phi is None:
+        t = c0 + np.maximum(compute, memory) * 1e3
+    else:
+        t = c0 + np.maximum(compute, memory + phi * compute) * 1e3
     # An operator that moves no bytes (RoPE in a model without rotary embeddings) takes no time.
     return np.where(np.asarray(nbytes) > 0, t, 0.0)
 
@@ -93,7 +106,7 @@ def mlp_op_times(arch: ModelArch, tp: int, n: np.ndarray, device: Device,
     out = {}
     for op, (flops, nbytes) in op_work(arch, tp, n).items():
         p = params[op]
-        out[op] = roofline_ms(flops, nbytes, device, p["c0"], p.get("eta", 0.0), p["mu"])
+        out[op] = roofline_ms(flops, nbytes, device, p["c0"], p.get("eta", 0.0), p["mu"], p.get("phi"))
     return out
 
 

@@ -19,6 +19,7 @@ from kvstudy.cluster.driver import drive, merge
 from kvstudy.config.validate import check_config, check_value, options
 from kvstudy.costs.arch import ModelArch
 from kvstudy.costs.capacity import describe as capacity_describe, fit_note, resolve_capacity
+from kvstudy.costs.capacity import settings_of as capacity_settings
 from kvstudy.costs.predictors import predict
 from kvstudy.engine.assembly import build_engine as assemble_engine
 from kvstudy.engine.loop import StepEngine
@@ -33,15 +34,21 @@ from kvstudy.running.no_effect import no_effect
 from kvstudy.running.outputs import summarize
 from kvstudy.running.run_context import RunContext, engine_inputs
 from kvstudy.running.targets import instantiate, takes_rng
-from kvstudy.workloads.arrivals import arrivals
+from kvstudy.workloads.arrivals import arrivals, check_span
 from kvstudy.workloads.requests import Requests, make_requests
 
 
 def hardware_spec(cfg: DictConfig) -> HardwareSpec:
+    """The config's hardware. ``memory_gb_per_gpu`` is the vendor's figure of the device (kvstudy/profiles/devices.py;
+    it keys the latency cache only); the KV capacity reads the device's visible memory (kvstudy/costs/capacity.py)."""
+    from kvstudy.profiles.devices import DEVICES
+
     hw = plain(cfg.hardware)
+    gpu = DEVICES.get(hw["device"])
     return HardwareSpec(name=hw["name"], device=hw["device"], node=hw["node"],
                         tensor_parallel=int(hw["tensor_parallel"]), pipeline_parallel=int(hw.get("pipeline_parallel", 1)),
-                        memory_gb_per_gpu=float(hw.get("memory_gb_per_gpu", 80)), pcie_gbps=float(hw.get("pcie_gbps", 31.5)))
+                        memory_gb_per_gpu=float(gpu.memory_gb if gpu is not None else 80),
+                        pcie_gbps=float(hw.get("pcie_gbps", 31.5)))
 
 
 def build_latency(cfg: DictConfig, arch: ModelArch, hw: HardwareSpec, capacity: int):
@@ -108,6 +115,8 @@ def build_requests(cfg: DictConfig, arch: ModelArch, seed_seq: np.random.SeedSeq
         if demand.get("load") is not None:  # +demand=relative: a fraction of this hardware's capacity
             rate = _relative_rate(demand, df, capacity_of)
         times = arrivals(demand.get("kind", "poisson"), len(df), np.random.default_rng(arrival_ss), rate)
+        if rate is not None:  # the key that set the rate is named, not a row of arrival_time
+            check_span(times, rate, *_rate_key(demand, cfg))
     elif "arrival_time" in df:
         times = df["arrival_time"].to_numpy()
     else:
@@ -148,7 +157,7 @@ def model_setup(cfg: DictConfig, latency: bool = True):
     arch = ModelArch.from_mapping(plain(cfg.model))
     hw = hardware_spec(cfg)
     arch.check_tensor_parallel(hw.tensor_parallel)
-    capacity = resolve_capacity(cfg.memory.capacity_tokens, arch, hw)
+    capacity = resolve_capacity(cfg.memory.capacity_tokens, arch, hw, **capacity_settings(cfg))
     return arch, hw, capacity, (build_latency(cfg, arch, hw, capacity) if latency else None)
 
 
@@ -181,6 +190,19 @@ def build_engine(cfg: DictConfig, requests: Requests, predicted: np.ndarray, pol
                            record_events=bool(OmegaConf.select(cfg, "record.events", default=False)))
 
 
+def _rate_key(demand: dict, cfg: DictConfig) -> tuple:
+    """(key, value, how) of the setting that made a demand's rate, as the user wrote it (for
+    kvstudy/workloads/arrivals.py ``check_span``)."""
+    if demand.get("load") is not None:
+        return "demand.load", float(demand["load"]), " (x this hardware's capacity)"
+    scale = demand.get("scale")
+    how = f" (x demand.scale={scale:g})" if scale is not None else ""
+    if OmegaConf.select(cfg, "workload.rate", default=None) is not None and \
+            demand.get("rate") == OmegaConf.select(cfg, "workload.rate"):
+        return "workload.rate", float(demand["rate"]), how
+    return "demand.rate", float(demand["rate"]), how
+
+
 def run_context(cfg: DictConfig, latency: bool = True) -> RunContext:
     """What a run of ``cfg`` builds before its first iteration (requests, predictions, model, hardware, KV capacity,
     latency model) with the means to run other configs: the argument of a policy's ``before_run`` hook."""
@@ -209,7 +231,7 @@ def _context(cfg: DictConfig, latency: bool) -> RunContext:
                 if "over_context" in cfg.workload else "")
         raise ConfigError(f"request {int(requests.request_id[i])} has a prompt of {int(requests.prompt_tokens[i])} tokens, "
                           f"longer than model '{arch.name}' context max_model_len={arch.max_model_len}{hint}")
-    note = fit_note(arch, hw, capacity)
+    note = fit_note(arch, hw, capacity, **capacity_settings(cfg))
     if note:
         warnings.warn(note, stacklevel=3)
     paper_m = _paper_capacity_elsewhere(cfg, arch, hw)
@@ -272,7 +294,8 @@ def _hardware_record(cfg: DictConfig, arch: ModelArch, hw: HardwareSpec, ctx: Ru
     calibrated on its own measurements (kvstudy/profiles/devices.py), and the offered load's capacity and rate."""
     from kvstudy.profiles.devices import DEVICES
 
-    out = {"kv_capacity": capacity_describe(cfg.memory.capacity_tokens, arch, hw, ctx.capacity)}
+    out = {"kv_capacity": capacity_describe(cfg.memory.capacity_tokens, arch, hw, ctx.capacity,
+                                            **capacity_settings(cfg))}
     gpu = DEVICES.get(hw.device)
     profiles = plain(cfg.hardware).get("profiles") or {}
     own = profiles.get("root") or profiles.get("compute_dir")  # compute profiles of one's own (network alone: not)

@@ -10,6 +10,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from kvstudy.config.user_files import check_user_files
 from kvstudy.config.validate import check_group_choices
 from kvstudy.errors import ConfigError
 from kvstudy.running.paths import CONF_DIR
@@ -19,6 +20,7 @@ def compose(overrides: Iterable[str] = ()) -> DictConfig:
     """The config ``python -m kvstudy <overrides>`` would run (Hydra Compose API, no output folder)."""
     overrides = list(overrides)
     check_group_choices(overrides)  # an unknown option of a group in one line, not Hydra's
+    check_user_files(overrides)  # a user's own option file that Hydra's YAML parser would stop on, in one line
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             return hydra_compose(config_name="config", overrides=overrides)

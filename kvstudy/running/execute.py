@@ -14,8 +14,8 @@ import warnings
 from omegaconf import DictConfig, OmegaConf
 
 from kvstudy.config.validate import check_config
-from kvstudy.errors import ConfigError
-from kvstudy.running import provenance
+from kvstudy.errors import ConfigError, file_system, phase
+from kvstudy.running import folder_lock, provenance
 from kvstudy.running.assemble import policy_target, profile_paths, simulate
 from kvstudy.running.outputs import finished_summary, write_run
 from kvstudy.running.paths import prepare_dir
@@ -52,6 +52,15 @@ def _result_config(plain: dict) -> dict:
             plain[head] = {k: v for k, v in plain[head].items() if k != rest}
         elif not rest:
             plain.pop(head, None)
+    hw = plain.get("hardware")
+    if isinstance(hw, dict) and hw.get("memory_gb_per_gpu") is not None:
+        # configs before issue 54 wrote the device's datasheet GB there; null now means the device's own memory
+        # (kvstudy/profiles/devices.py), so a finished run with that number holds the same setting
+        from kvstudy.profiles.devices import DEVICES
+
+        gpu = DEVICES.get(hw.get("device"))
+        if gpu is not None and hw["memory_gb_per_gpu"] == gpu.memory_gb:
+            plain["hardware"] = {**hw, "memory_gb_per_gpu": None}
     return plain
 
 
@@ -59,6 +68,7 @@ def _result_config(plain: dict) -> dict:
 #: without it meant (a finished run's folder from before the key is the same config when this one has that value)
 ADDED_KEYS = {"memory.prefix_caching": False, "policy.waiting_order": "fcfs", "workload.hash_block_size": 512,
               "policy.prefix_aware": False, "cluster": {"replicas": 1}, "engine.accept_rejections": False,
+              "memory.gpu_memory_utilization": 0.9,
               "router": {"_target_": "kvstudy.cluster.routers.RoundRobin", "name": "round_robin"}}
 
 
@@ -115,6 +125,22 @@ def run(cfg: DictConfig, out_dir, resume=True) -> dict:
     mode = _resume_mode(cfg, resume)
     check_config(cfg)  # before the config is resolved here: an interpolation that fails is named in one line
     resolved = OmegaConf.to_yaml(cfg, resolve=True)
+    # one writer at a time (kvstudy/running/folder_lock.py): a second command into this folder is refused in one line
+    with folder_lock.locked(out, f"wait for it to finish, or {_FOLDER_FIX}"):
+        return _run_locked(cfg, out, mode, resolved)
+
+
+#: the files a run writes into its folder: none may be a folder (issue 54: a summary.json that is a folder)
+RUN_FILES = ("resolved_config.yaml", "requests.parquet", "iterations.parquet", "events.parquet", "batches.parquet",
+             "summary.json")
+
+
+def _run_locked(cfg: DictConfig, out, mode: str, resolved: str) -> dict:
+    """``run`` once it holds its folder's lock."""
+    for name in RUN_FILES:
+        if (out / name).is_dir():
+            raise ConfigError(f"{out / name}: a folder, where the run writes its {name}; remove it, or "
+                              f"{_FOLDER_FIX}")
     config_file = out / "resolved_config.yaml"
     finished = summary = finished_summary(out)
     if summary is not None:
@@ -143,12 +169,14 @@ def run(cfg: DictConfig, out_dir, resume=True) -> dict:
         if not stale:
             return {**summary, "skipped": True}
     prepare_dir(out, fix=_FOLDER_FIX, create=False)
-    with _sigterm_as_interrupt():
+    with _sigterm_as_interrupt(), phase(f"preparing the run into {out}", "nothing of this run was written"):
         result, summary = simulate(cfg)
     if finished is not None and summary["status"] == "interrupted":  # the finished run stays whole
         note = (f"{out} keeps its finished run (status {finished['status']}): this re-run was interrupted and "
                 f"its partial results are not written")
         return {**summary, "message": "; ".join(m for m in (summary.get("message"), note) if m), "kept": True}
-    write_run(out, result, summary, resolved)  # every file replaced together, summary.json last
+    # every file replaced together, summary.json last; a full disk leaves the folder as it was, said in one line
+    with file_system(out, f"free space there, or {_FOLDER_FIX}"):
+        write_run(out, result, summary, resolved)
     return summary
 

@@ -2,6 +2,8 @@
 prefix cache, a router with one replica, a noise model with zero noise): ``simulate`` says each once as a warning."""
 from __future__ import annotations
 
+import math
+
 from omegaconf import DictConfig, OmegaConf
 
 from kvstudy.running.compose import plain
@@ -35,5 +37,80 @@ def no_effect(cfg: DictConfig, policy) -> list:
         if pred.get("kind") == kind and pred.get(key) == 0:
             notes.append(f"predictor={kind} with predictor.{key}=0 predicts every length exactly (the oracle); "
                          f"set predictor.{key} above 0 for noise")
+    util = OmegaConf.select(cfg, "memory.gpu_memory_utilization", default=None)
+    capacity = OmegaConf.select(cfg, "memory.capacity_tokens", default=None)
+    if util is not None and util != 0.9 and capacity != "auto":
+        notes.append(f"memory.gpu_memory_utilization={util} has no effect with memory.capacity_tokens={capacity}: it "
+                     f"sizes the cache only with memory.capacity_tokens=auto (kvstudy/costs/capacity.py)")
+    return notes + offload_notes(cfg) + parallel_notes(cfg)
+
+
+
+#: conf/memory/paged_offload.yaml's disk speeds: a disk tier's, said to have no effect when changed without one
+_DISK_DEFAULTS = {"disk_read_gbps": 7.0, "disk_write_gbps": 5.0}
+
+
+def _arch_and_block_bytes(cfg: DictConfig):
+    """The model and one KV block's bytes on one GPU (kvstudy/memory/paged.py ``bind``); None if the config has no
+    model or block size to tell."""
+    from types import SimpleNamespace
+
+    from kvstudy.costs.arch import ModelArch
+    from kvstudy.costs.swap_models import kv_bytes_per_gpu
+
+    try:
+        arch = ModelArch.from_mapping(plain(cfg.model))
+        hw = SimpleNamespace(tensor_parallel=int(cfg.hardware.tensor_parallel),
+                             pipeline_parallel=int(cfg.hardware.get("pipeline_parallel", 1)))
+        block = int(OmegaConf.select(cfg, "memory.block_size", default=16))
+        return arch, block * kv_bytes_per_gpu(arch, hw)
+    except Exception:
+        return None, None
+
+
+def offload_notes(cfg: DictConfig) -> list:
+    """An offload tier's settings that change nothing (kvstudy/memory/offload.py): a disk or host speed without that
+    tier, a pool shared by one replica, a tier too small for one block (it holds none: every eviction is lost)."""
+    node = OmegaConf.select(cfg, "memory.offload", default=None)
+    if not isinstance(node, DictConfig):
+        return []
+    raw = OmegaConf.to_container(node, resolve=False)
+    values = plain(node)
+    notes = []
+    if values.get("disk_gb") is None:
+        changed = [f"memory.offload.{k}={values[k]}" for k, v in _DISK_DEFAULTS.items()
+                   if k in values and values[k] != v]
+        if changed:
+            notes.append(f"{' and '.join(changed)} {'has' if len(changed) == 1 else 'have'} no effect without a disk "
+                         f"tier (memory.offload.disk_gb is null): give memory.offload.disk_gb=<GB> for one")
+    if values.get("host_gb") is None:
+        changed = [f"memory.offload.{k}={values[k]}" for k in ("host_read_gbps", "host_write_gbps")
+                   if k in raw and raw[k] != "${hardware.pcie_gbps}"]
+        if changed:
+            notes.append(f"{' and '.join(changed)} {'has' if len(changed) == 1 else 'have'} no effect without a host "
+                         f"tier (memory.offload.host_gb is null): give memory.offload.host_gb=<GB> for one")
+    replicas = OmegaConf.select(cfg, "cluster.replicas", default=1)
+    if values.get("shared") is True and replicas == 1:
+        notes.append("memory.offload.shared=true has no effect with one replica (cluster.replicas=1): a pool is "
+                     "shared by the replicas of a cluster; set cluster.replicas to 2 or more")
+    arch, block_bytes = _arch_and_block_bytes(cfg)
+    for tier in ("host", "disk"):
+        gb = values.get(f"{tier}_gb")
+        if block_bytes and isinstance(gb, (int, float)) and math.floor(gb * 1e9 / block_bytes + 1e-6) == 0:
+            block = OmegaConf.select(cfg, "memory.block_size", default=16)
+            notes.append(f"memory.offload.{tier}_gb={gb} holds no block: one block of {block} tokens of model "
+                         f"'{arch.name}' is {block_bytes:,} B per GPU, so the {tier} tier keeps nothing; give at least "
+                         f"memory.offload.{tier}_gb={block_bytes / 1e9:.3g}")
     return notes
 
+
+def parallel_notes(cfg: DictConfig) -> list:
+    """Tensor parallelism above the model's KV heads: vLLM replicates each KV head (kvstudy/costs/capacity.py counts
+    ceil(num_kv_heads / tensor_parallel) heads per GPU), so the KV cache per GPU stops shrinking at TP = num_kv_heads."""
+    tp = OmegaConf.select(cfg, "hardware.tensor_parallel", default=None)
+    kv = OmegaConf.select(cfg, "model.num_kv_heads", default=None)
+    if isinstance(tp, int) and isinstance(kv, int) and tp > kv:
+        return [f"hardware.tensor_parallel={tp} is above model '{cfg.model.name}' num_kv_heads={kv}: vLLM keeps a "
+                f"copy of each KV head on {tp // kv} GPUs, so a token's KV takes as much memory per GPU as at "
+                f"tensor_parallel={kv} (a larger TP adds no KV capacity per GPU)"]
+    return []

@@ -13,6 +13,16 @@ CALIBRATION_FILE = PROFILES_DIR / "calibration.json"
 SHARED_REFERENCE = Path(os.environ.get("KVSTUDY_SHARED", REPO_ROOT.parent / "shared" / "reference"))
 
 
+def shown_path(path) -> str:
+    """A run's or sweep's folder as the commands print it (``outputs: ...``, ``sweep done: ...``): relative to the
+    current folder when it is inside it, as the README writes ``outputs/runs/...``; otherwise absolute (issue 54)."""
+    target = Path(os.path.abspath(path))
+    try:
+        return str(target.relative_to(os.getcwd()))
+    except ValueError:
+        return str(target)
+
+
 def cache_dir() -> Path:
     """Trained-predictor cache; override with KVSTUDY_CACHE_DIR. A path that cannot be a folder (a file, or a path
     under a file) is a ConfigError here, before any predictor is trained; whether it is writable is asked only when a
@@ -60,6 +70,7 @@ def _check_folder(path: Path, label: str, fix: str, writable: bool = True, insid
     here = target
     while not os.path.exists(here) and here.parent != here:  # the nearest part of the path that is there
         here = here.parent  # (os.path's tests: False, not an exception, under a folder that cannot be searched)
+    _check_lengths(target, here, label, fix)
     if not os.path.isdir(here):
         what = "is a file, not a folder" if here == target and not inside else \
             f"lies under {_shown(here, Path(path))}, a file, not a folder"
@@ -72,6 +83,26 @@ def _check_folder(path: Path, label: str, fix: str, writable: bool = True, insid
         else:
             where = f"cannot be created: {_shown(here, Path(path))} is not writable"
         raise ConfigError(f"{label}: {where}; {fix}")
+
+
+def _check_lengths(target: Path, here: Path, label: str, fix: str) -> None:
+    """Each name of ``target`` within the file system's limit (NAME_MAX, 255 bytes on ext4, xfs, tmpfs) and the whole
+    path within PATH_MAX (4096): else one line, before any work (issue 54: a 300-character name reached the user as
+    ``OSError: [Errno 36] File name too long`` after the run)."""
+    from kvstudy.errors import ConfigError
+
+    try:
+        name_max, path_max = os.pathconf(here, "PC_NAME_MAX"), os.pathconf(here, "PC_PATH_MAX")
+    except (OSError, ValueError):
+        name_max, path_max = 255, 4096
+    for part in target.parts:
+        size = len(os.fsencode(part))
+        if size > name_max:
+            raise ConfigError(f"{label}: the name '{part[:24]}...' is {size} bytes, more than the {name_max} this "
+                              f"file system allows for one name; {fix}")
+    if len(os.fsencode(str(target))) >= path_max:
+        raise ConfigError(f"{label}: {len(os.fsencode(str(target)))} bytes, more than the {path_max - 1} this "
+                          f"file system allows for a path; {fix}")
 
 
 def prepare_dir(path, name: Optional[str] = None, fix: str = "choose another folder", create: bool = True,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.util
+import os
 import platform
 import subprocess
 from importlib.metadata import PackageNotFoundError, version
@@ -53,26 +54,73 @@ def code_digest() -> str:
     results depend on besides its resolved config: the code of kvstudy's modules that make results (``NOT_RESULTS``
     aside; docstrings and comments left out), the data files shipped inside the package (the Arena request set),
     every config file's content (comments left out: a policy's set-up composes other configs, e.g. CacheOPT's SLO
-    reference runs, whose values are not in the run's own resolved config) and the vidur version."""
-    from omegaconf import OmegaConf
+    reference runs, whose values are not in the run's own resolved config) and the vidur version.
 
+    Parsing all of that takes ~0.7 s of CPU, paid by every run's process (a sweep's every worker, every test that
+    starts ``python -m kvstudy``), so the digest is also kept in the predictor cache (``cache_dir()/code``) under the
+    name, size and modification time of every file it reads: an edited, added or removed file is a new name there,
+    and the digest is computed again (a cache that cannot be read or written: computed every time, as before)."""
     from kvstudy.running.paths import CONF_DIR
 
-    h = hashlib.sha256()
+    modules = []
     for path in sorted(PACKAGE_DIR.rglob("*")):
         rel = path.relative_to(PACKAGE_DIR).as_posix()
         if not path.is_file() or "__pycache__" in rel or \
                 any(rel == x or rel.endswith("/" + x) or (x.endswith("/") and rel.startswith(x)) for x in NOT_RESULTS):
             continue
+        modules.append((rel, path))
+    configs = [(path.relative_to(CONF_DIR).as_posix(), path) for path in sorted(CONF_DIR.rglob("*.yaml"))]
+    vidur = str(_version("vidur"))
+    stamp = hashlib.sha256(repr((str(PACKAGE_DIR), str(CONF_DIR), vidur,
+                                 [(rel, _stat(path)) for rel, path in modules + configs])).encode())
+    memo = _memo_file(stamp.hexdigest()[:32])
+    try:
+        kept = memo.read_text() if memo else ""
+    except OSError:
+        kept = ""
+    if len(kept) == 64 and all(c in "0123456789abcdef" for c in kept):
+        return kept
+    digest = _code_digest(modules, configs, vidur)
+    if memo:
+        try:
+            memo.parent.mkdir(parents=True, exist_ok=True)
+            part = memo.with_name(f"{memo.name}.{os.getpid()}.part")
+            part.write_text(digest)
+            os.replace(part, memo)  # atomic: a reader sees the whole digest or none
+        except OSError:
+            pass
+    return digest
+
+
+def _stat(path: Path) -> tuple:
+    st = path.stat()
+    return st.st_size, st.st_mtime_ns
+
+
+def _memo_file(name: str) -> Optional[Path]:
+    """Where ``code_digest`` keeps a digest: the predictor cache's ``code/`` folder, or None if it cannot be named."""
+    from kvstudy.running.paths import cache_dir
+
+    try:
+        return cache_dir() / "code" / name
+    except Exception:  # a cache path that cannot be a folder is reported when a predictor needs it, not here
+        return None
+
+
+def _code_digest(modules, configs, vidur: str) -> str:
+    from omegaconf import OmegaConf
+
+    h = hashlib.sha256()
+    for rel, path in modules:
         h.update(rel.encode())
         h.update(_code(path) if path.suffix == ".py" else path.read_bytes())
-    for path in sorted(CONF_DIR.rglob("*.yaml")):
-        h.update(path.relative_to(CONF_DIR).as_posix().encode())
+    for rel, path in configs:
+        h.update(rel.encode())
         try:
             h.update(repr(OmegaConf.to_container(OmegaConf.load(path), resolve=False)).encode())
         except Exception:  # a file Hydra would refuse anyway
             h.update(path.read_bytes())
-    h.update(str(_version("vidur")).encode())
+    h.update(vidur.encode())
     return h.hexdigest()
 
 

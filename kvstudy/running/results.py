@@ -53,6 +53,8 @@ def load_run(folder) -> Run:
     path = folder / "summary.json"
     if not path.exists():
         raise ConfigError(f"{folder}: no summary.json (the run did not finish or this is not a run folder)")
+    if path.is_dir():
+        raise ConfigError(f"{path}: a folder, not the run's summary file; this is not a run kvstudy wrote")
     try:
         summary = json.loads(path.read_text())
     except (ValueError, UnicodeDecodeError) as exc:

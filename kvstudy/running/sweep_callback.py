@@ -52,13 +52,14 @@ def run_recording_errors(cfg: DictConfig, folder, record: bool = True) -> dict:
     A run that leaves the folder's results as they were gets Hydra's record of them back (module docstring)."""
     from kvstudy import api
     from kvstudy.errors import KvStudyError
+    from kvstudy.running.folder_lock import FolderBusy
 
     error_file = Path(folder) / ERROR_FILE
     before = _stamp(folder)
     try:
         summary = api.run(cfg, folder)
     except KvStudyError as exc:
-        if record:
+        if record and not isinstance(exc, FolderBusy):  # a folder another process writes is not this run's to mark
             record_error(folder, f"{exc}\n")
         raise
     finally:  # the results there unchanged: Hydra's record of them comes back (module docstring)
@@ -139,13 +140,33 @@ def _check_folder(config: DictConfig, key: str) -> Optional[str]:
     return folder
 
 
+def _lock(folder: str) -> None:
+    """The run folder's lock for the whole command, or one ``error:`` line naming the holder and status 2."""
+    from kvstudy.errors import KvStudyError, report
+    from kvstudy.running import folder_lock
+
+    try:
+        folder_lock.acquire(folder, "wait for it to finish, or choose another run folder (hydra.run.dir)")
+    except KvStudyError as exc:
+        sys.exit(report(exc))
+
+
 class FailedRuns(Callback):
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
         """Before Hydra makes the run folder and writes its record there (module docstring)."""
         folder = _check_folder(config, "hydra.run.dir")
+        if folder is not None:  # held before Hydra writes its record there: a second command is refused before it
+            _lock(folder)       # touches the folder (kvstudy/running/folder_lock.py)
         subdir = _resolved(config, "hydra.output_subdir")
         if folder is not None and subdir is not None:
             _keep_hydra_record(folder, subdir)
+
+    def on_run_end(self, config: DictConfig, **kwargs) -> None:
+        from kvstudy.running import folder_lock
+
+        folder = _resolved(config, "hydra.run.dir")
+        if folder is not None:
+            folder_lock.release(folder)
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         """Before Hydra's sweeper makes the sweep folder."""

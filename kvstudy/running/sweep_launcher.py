@@ -46,6 +46,7 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from kvstudy.errors import ConfigError
+from kvstudy.running.folder_lock import BUSY_TEXT
 from kvstudy.running.paths import CONF_DIR
 
 #: compositions by the group-choosing overrides (filled before the workers fork, so they inherit them): the
@@ -167,6 +168,11 @@ def _run(job: Tuple[int, List[str], Tuple[str, ...]]) -> Tuple[int, str, str, st
             summary = run_recording_errors(task, folder)
         except KvStudyError as exc:  # a bad composition (no folder yet) is said here; a run's error is in its folder
             kind, line = FAILED, f"error: {exc}"
+        except KeyboardInterrupt:  # Ctrl-C outside a run's engine (training): in the launcher's own process, the
+            if mp.parent_process() is None:  # launcher stops the sweep; in a worker, below
+                raise
+            summary = {"status": "interrupted"}
+            kind, line = UNFINISHED, "interrupted (Ctrl-C) before the run started; nothing of it was written"
         except Exception as exc:  # not a user error: recorded with its traceback, the sweep goes on
             if folder is not None:
                 record_error(folder, internal_error_text(exc))
@@ -174,13 +180,20 @@ def _run(job: Tuple[int, List[str], Tuple[str, ...]]) -> Tuple[int, str, str, st
         else:
             kind, line = result_line(summary)
     notes = list(dict.fromkeys(str(w.message).strip() for w in caught))
+    if kind == UNFINISHED and summary.get("status") == "interrupted" and mp.parent_process() is not None:
+        # Ctrl-C reached this worker: its run is written (status interrupted); it takes no further job. A worker that
+        # went on would block on the job queue the launcher holds while it stops the pool (Pool.terminate)
+        sys.stdout.flush()
+        os._exit(130)
     return idx, str(folder), str(sweep_dir), kind, line, notes
 
 
 def summary_line(kinds: List[str], seconds: float, sweep_dirs) -> str:
     """The sweep's last line: how many runs completed, were skipped, failed, ended otherwise; its folder(s)."""
     count = {k: kinds.count(k) for k in (COMPLETED, SKIPPED, FAILED, UNFINISHED)}
-    dirs = sorted({str(d) for d in sweep_dirs if d and d != "None"})
+    from kvstudy.running.paths import shown_path
+
+    dirs = sorted({shown_path(d) for d in sweep_dirs if d and str(d) != "None"})
     ended = (f", {count[UNFINISHED]} ended without completing (their summary.json says why)"
              if count[UNFINISHED] else "")
     return (f"sweep done: {len(kinds)} runs, {count[COMPLETED]} completed, {count[SKIPPED]} skipped (already "
@@ -189,9 +202,22 @@ def summary_line(kinds: List[str], seconds: float, sweep_dirs) -> str:
 
 
 def say_run(idx, folder: str, line: str, notes=()) -> None:
-    print(f"#{idx} {folder}: {line}", flush=True)
+    from kvstudy.running.paths import shown_path
+
+    print(f"#{idx} {shown_path(folder) if folder and folder != 'None' else folder}: {line}", flush=True)
     for note in notes:
         print(f"  warning: {note}", file=sys.stderr, flush=True)
+
+
+def sweep_dir_of(run_folder, subdir: str) -> Path:
+    """The sweep folder a run's folder is in: the run's folder without its ``hydra.sweep.subdir`` part. What a job
+    reports as ``hydra.sweep.dir`` is not that folder: its ``${now:...}`` is resolved again when the launcher reads
+    the job's config, seconds after the runs were placed (issue 54: ``sweep done`` named a folder that did not
+    exist)."""
+    run, depth = Path(run_folder), len(Path(str(subdir)).parts) if str(subdir) not in ("", ".") else 0
+    if depth and run.parts[-depth:] == Path(str(subdir)).parts:
+        return Path(*run.parts[:-depth])
+    return run.parent
 
 
 def folder_result(folder: Path, started: float) -> Tuple[str, str]:
@@ -311,12 +337,22 @@ class BatchLauncher(Launcher):
                                 working_dir=os.getcwd(), task_name="kvstudy", status=JobStatus.COMPLETED,
                                 _return_value=line)
                 done.append((idx, ret))
+        except KeyboardInterrupt:  # Ctrl-C: the runs under way stop (theirs: status interrupted), one line, 130
+            print(summary_line(kinds, time.monotonic() - start, sweep_dirs), flush=True)
+            print(f"error: interrupted (Ctrl-C) after {len(kinds)} of {len(jobs)} runs; finished runs are kept, and "
+                  f"the same command runs the rest (finished ones are skipped)", file=sys.stderr, flush=True)
+            sys.exit(130)
         finally:
             if workers > 1:
                 pool.terminate()
                 pool.join()
         print(summary_line(kinds, time.monotonic() - start, sweep_dirs), flush=True)
         sys.stdout.flush()
+        busy = sum(BUSY_TEXT in ret.return_value for _, ret in done)
+        if busy:  # refused by a folder's lock: no error.txt (the folder is another command's), so said here
+            print(f"error: {busy} run(s) not run: another process is writing their folders (the lines above); run "
+                  f"the sweep again once it is done (finished runs are skipped)", file=sys.stderr, flush=True)
+            sys.exit(2)
         return [ret for _, ret in sorted(done, key=lambda pair: pair[0])]
 
 

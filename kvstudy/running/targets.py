@@ -17,6 +17,9 @@ from kvstudy.errors import ConfigError, KvStudyError
 from kvstudy.running.compose import group_of, plain
 
 _TARGETS: dict = {}
+#: keys of a group's node that the run reads itself, not passed to its ``_target_``: memory.gpu_memory_utilization
+#: sizes ``capacity_tokens=auto`` (kvstudy/costs/capacity.py) before the memory model is built
+RUN_SETTINGS = {"memory": ("gpu_memory_utilization",)}
 _SIGNATURES: dict = {}  # target -> its call signature (None: not introspectable), for naming unknown keys
 
 
@@ -36,6 +39,8 @@ def instantiate(node: DictConfig, **kwargs):
     nodes still goes through Hydra."""
     params = plain(node)
     params.pop("name", None)
+    for key in RUN_SETTINGS.get(group_of(node), ()):  # read by the run, not arguments of the target
+        params.pop(key, None)
     if nested_target({k: v for k, v in params.items() if k != "_target_"}) or "_target_" not in params:
         return hydra_instantiate(params, _partial_=True, _convert_="all")(**kwargs)
     target = params.pop("_target_")

@@ -241,6 +241,15 @@ def _hash_segments(hash_ids: pd.Series, prompts: pd.Series, block: int, source, 
                         f"their prompts' full blocks of workload.hash_block_size={block} (row {r}: {count[r]} ids for "
                         f"a prompt of {prompt[r]} tokens, {prompt[r] // block} full blocks), and every row's count "
                         f"fits workload.hash_block_size={_sizes_text(fit)}; allowed: the trace's block size")
+    # counts one block size explains (or a range of them, of which the trace's is the power of two): another size
+    # reads every shared block with the wrong number of tokens, said once
+    pows = [1 << k for k in range(31) if fit and fit[0] <= 1 << k <= fit[1]]
+    best = pows[0] if pows else (fit[0] if fit and fit[0] == fit[1] else None)
+    if best is not None and block != best:
+        warnings.warn(f"{source}: workload.hash_block_size={block} is not the trace's block size: every row's id count "
+                      f"fits block size {_sizes_text(fit)}{', of which ' + str(best) + ' is a power of two' if fit[0] != fit[1] else ''}"
+                      f"; read as {block}-token blocks, each shared block is off by {abs(best - block)} tokens: give "
+                      f"workload.hash_block_size={best}", stacklevel=2)
     return [mooncake_segments(ids, int(p), block) for ids, p in zip(rows, prompt.tolist())]
 
 

@@ -169,9 +169,14 @@ if __name__ == "__main__":
     from kvstudy.config.cli_overrides import command_line
     from kvstudy.config.validate import check_overrides
 
+    from kvstudy.running.precheck import cfg_notes
+
     try:
         check_overrides(sys.argv[1:])
+        notes = cfg_notes(sys.argv[1:])  # --cfg: what the printed config's run would refuse or ignore, said too
         sys.argv[1:] = command_line(sys.argv[1:])
     except KvStudyError as exc:
         sys.exit(report(exc))
+    for note in notes:
+        print(f"warning: {note}", file=sys.stderr)
     main()

@@ -584,6 +584,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"error: executing the notebooks needs {', '.join(missing)} (not installed): {INSTALL_NOTEBOOKS}",
               file=sys.stderr)
         return 2
+    gone = [NOTEBOOKS_DIR / n for paper in papers for n in PAPERS[paper].notebooks if not (NOTEBOOKS_DIR / n).is_file()]
+    if gone:  # said before the experiments too: the notebooks come with the repository, not with the package
+        print(f"error: {gone[0]}: no such notebook ({len(gone)} of the papers' notebooks missing); the notebooks are "
+              f"in a clone of the repository (notebooks/): run from a clone with kvstudy installed from it "
+              f"(pip install -e .)", file=sys.stderr)
+        return 2
     results = Path("outputs")
     absent = []
     for paper in papers:

@@ -18,6 +18,35 @@ needs_shared = pytest.mark.skipif(not SHARED_REFERENCE.exists(), reason=SHARED_R
 #: Under pytest-xdist they start first, so a run's last minutes are short tests spread over every worker instead of one
 #: long test on one worker while the others idle. A prefix of a node id; the rest keep their order, slow tests first.
 LONG_FIRST = (
+    # the notebooks (each builds its own small results, ~20-120 s; 05, 06 and 08 share Llama-3.1-8B's predictor,
+    # trained by the first of them while the others wait for it: apart, so that a worker rarely waits)
+    "tests/test_notebooks.py::test_notebook_executes[01", "tests/test_notebooks.py::test_notebook_executes[05",
+    "tests/test_notebooks.py::test_notebook_executes[03", "tests/test_notebooks.py::test_notebook_executes[02",
+    "tests/test_notebooks.py::test_notebook_executes[04", "tests/test_notebooks.py::test_notebook_executes[07",
+    "tests/test_notebooks.py::test_notebook_executes[08", "tests/test_notebooks.py::test_notebook_executes[06",
+    "tests/test_output_paths.py::test_the_command_keeps_a_finished_run_and_hydras_record_of_it",
+    "tests/test_readme.py::test_readme_command_runs[python -m kvstudy +experiment=cacheopt_main",
+    "tests/test_readme.py::test_readme_command_runs[python -m kvstudy.optimum study",
+    "tests/test_policy_guide.py::test_commands_run_as_written",
+    "tests/test_policies.py::test_oracle_policies_never_exceed_memory",
+    "tests/test_readme.py::test_readme_command_runs[python -m kvstudy +experiment=rr_sjf",
+    "tests/test_optimum_stop.py::test_a_study_that_finished_trials_reports_them_when_stopped",
+    "tests/test_first_hour.py::test_training_a_predictor_shows_its_progress",
+    "tests/test_optimum_search.py::test_lns_improves_feasibly_and_deterministically",
+    "tests/test_reproduce.py::test_a_tiny_paper_end_to_end",
+    # the fast tier's longest
+    "tests/test_workflow.py::test_policy_keys_on_an_experiment_sweeping_policies",
+    "tests/test_hardware.py::test_study_hardware_runs_timed_by_vidur",
+    "tests/test_latency.py::test_tables_match_vidur_get_execution_time",
+    "tests/test_optimum_study.py::test_worker_processes_give_the_same_rows_and_checkpoint",
+    "tests/test_profiles.py::test_real_vidur_profiles_take_the_same_path",
+    "tests/test_optimum_cpsat.py::test_cpsat_never_returns_worse_than_its_start",
+    "tests/test_cli.py::test_latency_printout",
+    "tests/test_cacheopt_speed.py::test_same_decisions_as_before_the_speed_up",
+    "tests/test_user_traps.py::test_interrupted_run_keeps_what_is_done",
+    "tests/test_cli_checks.py::test_a_sweep_prints_one_line_per_run_and_a_summary",
+    "tests/test_prefix_engine.py::test_hits_equal_the_independent_count_on_mooncake",
+    "tests/test_prefix_cache.py::test_cache_hits_equal_the_independent_count_on_mooncake",
 )
 
 

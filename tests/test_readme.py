@@ -53,7 +53,9 @@ def small(cmd: str, tmp):
     if module == "kvstudy":
         experiment = next((a.split("=", 1)[1] for a in rest if a.startswith("+experiment=")), None)
         if experiment:
-            return exe + rest + [o for o in SMALL[experiment] if o.split("=")[0] not in {a.split("=")[0] for a in rest}] \
+            # the notebooks' small size, on one seed (the notebooks' two seeds run the same code twice)
+            size = [o.split(",")[0] if o.startswith("seed=") else o for o in SMALL[experiment]]
+            return exe + rest + [o for o in size if o.split("=")[0] not in {a.split("=")[0] for a in rest}] \
                 + [f"hydra.sweep.dir={tmp / 'sweep'}"]
         if "--cfg" in rest:
             return exe + rest

@@ -182,7 +182,8 @@ def test_keys_of_a_users_own_policy_and_options_not_found(tmp_path):
     from kvstudy.config.validate import check_overrides
 
     (tmp_path / "policy").mkdir()
-    (tmp_path / "policy" / "mine.yaml").write_text("_target_: kvstudy.policies.mcsf.MCSF\nname: mine\naging: 0\n")
+    # a _target_ of one's own (MCSF's would refuse the file: it takes no aging, tests/test_campaign54_inputs.py)
+    (tmp_path / "policy" / "mine.yaml").write_text("_target_: my_policies.Mine\nname: mine\naging: 0\n")
     search = f"hydra.searchpath=[file://{tmp_path}]"
     check_overrides([search, "+policy=mine", "policy.aging=100"])  # the user's own key is a key
     with pytest.raises(ConfigError, match="unknown key policy.aging"):

@@ -28,6 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from kvstudy.errors import ConfigError
 from kvstudy.running.paths import CONF_DIR
 from kvstudy.config.schema import SCHEMA, key_spec, show
+from kvstudy.config.user_files import _parameters, check_user_files, choice_values, search_dirs  # noqa: F401
 
 #: groups chosen with + (not in the root defaults list)
 APPENDED = ("policy", "demand", "algo", "experiment")
@@ -289,20 +290,6 @@ def check_config(cfg: DictConfig) -> None:
     _check_together(plain)
 
 
-def search_dirs(overrides: Iterable[str] = ()) -> list:
-    """Config folders a user adds with Hydra's ``hydra.searchpath=[file:///my/conf]`` (their own models, hardware,
-    policies in ``<folder>/<group>/<name>.yaml``), after kvstudy's own ``conf/``."""
-    dirs = []
-    for arg in overrides:
-        key, _, value = arg.lstrip("+").partition("=")
-        if key == "hydra.searchpath":
-            for item in value.strip("[]").split(","):
-                item = item.strip().strip("'\"")
-                if item.startswith("file://"):
-                    dirs.append(Path(item[len("file://"):]))
-    return dirs
-
-
 def options(group: str, overrides: Iterable[str] = ()) -> list:
     """The options of a config group: kvstudy's ``conf/<group>/`` and the same folder of each search path."""
     folders = [CONF_DIR / group] + [d / group for d in search_dirs(overrides)]
@@ -334,20 +321,6 @@ def _parser():
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     return OverridesParser.create()
-
-
-def choice_values(arg: str) -> Optional[List[str]]:
-    """The options an override ``group=value`` chooses, as Hydra's parser reads them (a quoted ``'my hw'`` is
-    ``my hw``; ``a,b`` and ``choice(a,b)`` both options); None for a value that is no list of names (``range(...)``,
-    null, what the grammar cannot read)."""
-    try:
-        parsed = _parser().parse_overrides([arg])[0]
-    except Exception:
-        return None
-    if parsed.is_sweep_override():
-        return list(parsed.sweep_string_iterator()) if parsed.is_choice_sweep() else None
-    value = parsed.value()
-    return None if value is None or isinstance(value, (dict, list)) else [str(value)]
 
 
 def check_syntax(overrides: Iterable[str]) -> None:
@@ -421,9 +394,7 @@ def check_overrides(argv: Iterable[str]) -> None:
     check_syntax(overrides)
     check_env_variables(overrides)
     check_group_choices(overrides)
-    from kvstudy.config.user_files import check_user_files
-
-    check_user_files(overrides)  # the user's own option files, read as Hydra will read them (kvstudy/config/user_files.py)
+    check_user_files(overrides)  # the user's own option files, read as Hydra reads them (config/user_files.py)
     groups = {p.name for p in CONF_DIR.iterdir() if p.is_dir()}
     dirs = tuple(str(d) for d in search_dirs(overrides))
     check_chosen_once(overrides, groups)
@@ -716,27 +687,6 @@ class _Choices:
             return keys
         params = _parameters(by_value) if spec.by == "_target_" and by_value else None
         return None if params is None else keys + [p for p in params if p not in keys]
-
-
-def _parameters(target: str) -> Optional[List[str]]:
-    """The parameters ``target`` (``module.Class``) takes; None if it takes ``**kwargs`` or cannot be imported here
-    (the run names that, kvstudy/running/targets.py)."""
-    import importlib
-    import inspect
-
-    parts = target.split(".")
-    for cut in range(len(parts) - 1, 0, -1):
-        try:
-            obj = importlib.import_module(".".join(parts[:cut]))
-            for name in parts[cut:]:
-                obj = getattr(obj, name)
-            params = inspect.signature(obj).parameters.values()
-        except Exception:
-            continue
-        if any(p.kind is p.VAR_KEYWORD for p in params):
-            return None
-        return [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-    return None
 
 
 def _matches(key: str, keys: Iterable[str]) -> bool:

@@ -351,7 +351,8 @@ def network_reader(send_recv_csv) -> Callable[[float], float]:
         there = sorted(p.parent.name for p in Path(send_recv_csv).parent.parent.glob("*/send_recv.csv"))
         raise ConfigError(f"memory.offload.shared=true reads the link between nodes from {send_recv_csv}: no such file "
                           f"(hardware.node names no network profile there); allowed: a node with one there "
-                          f"({', '.join(there) or 'none'}), or hardware.profiles.network_dir=<folder with send_recv.csv>")
+                          f"({', '.join(there) or 'none'}), or hardware.profiles.network_dir=<folder with "
+                          f"send_recv.csv>")
     df = pd.read_csv(send_recv_csv)
     rows = df[df["devices_per_node"] == 1] if (df["devices_per_node"] == 1).any() else df
     rows = rows.groupby("size", as_index=False)["time_stats.send_recv.median"].median().sort_values("size")

@@ -61,7 +61,7 @@ def _read_measured(path: Path, required, optional=()) -> pd.DataFrame:
         bad = np.flatnonzero(~np.isfinite(numbers.to_numpy(dtype=float)))
         if len(bad):
             row = int(bad[0])
-            raise DataError(f"{path}: column {col} row {row + 2} (line {row + 2} of the file) has {df[col].iloc[row]!r}; "
+            raise DataError(f"{path}: column {col} has {df[col].iloc[row]!r} on line {row + 2}; "
                             f"allowed: finite numbers ({len(bad)} of {len(df)} rows are not)")
         df[col] = numbers
     return df

@@ -106,7 +106,8 @@ def offload_notes(cfg: DictConfig) -> list:
 
 def parallel_notes(cfg: DictConfig) -> list:
     """Tensor parallelism above the model's KV heads: vLLM replicates each KV head (kvstudy/costs/capacity.py counts
-    ceil(num_kv_heads / tensor_parallel) heads per GPU), so the KV cache per GPU stops shrinking at TP = num_kv_heads."""
+    ceil(num_kv_heads / tensor_parallel) heads per GPU), so the KV cache per GPU stops shrinking at TP =
+    num_kv_heads."""
     tp = OmegaConf.select(cfg, "hardware.tensor_parallel", default=None)
     kv = OmegaConf.select(cfg, "model.num_kv_heads", default=None)
     if isinstance(tp, int) and isinstance(kv, int) and tp > kv:

@@ -25,9 +25,10 @@ def _first_line(exc: Exception) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
-def check_runs(argv: Sequence[str]) -> int:
-    """Compose and check every run ``python -m kvstudy <argv>`` would make; the number of runs checked. Raises
-    ConfigError with the first bad run's one line (and, for a sweep, which run it is)."""
+def check_runs(argv: Sequence[str], sweep: bool = True) -> int:
+    """Compose and check every run ``python -m kvstudy <argv>`` would make (``sweep=False``: a sweep's first
+    composition only, the config ``--cfg job`` prints); the number of runs. Raises ConfigError with the first bad
+    run's one line (and, for a sweep, which run it is)."""
     from hydra import initialize_config_dir
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.global_hydra import GlobalHydra
@@ -51,8 +52,8 @@ def check_runs(argv: Sequence[str]) -> int:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             loader = GlobalHydra.instance().config_loader()
             primary = loader.load_configuration("config", list(overrides), run_mode=RunMode.MULTIRUN)
-            multirun = getattr(args, "multirun", False) or str(OmegaConf.select(primary, "hydra.mode")) in (
-                "MULTIRUN", "RunMode.MULTIRUN")
+            multirun = sweep and (getattr(args, "multirun", False) or str(OmegaConf.select(primary, "hydra.mode")) in (
+                "MULTIRUN", "RunMode.MULTIRUN"))
             if not multirun:
                 cfg = loader.load_configuration("config", list(overrides), run_mode=RunMode.RUN)
                 check_config(sweep_launcher.task_config(cfg))
@@ -70,8 +71,8 @@ def check_runs(argv: Sequence[str]) -> int:
                 seen |= fresh
                 if sig not in sweep_launcher._BASES:
                     sweep_launcher.remember(loader.load_sweep_config(primary, list(sig)), sig)
-                run, _ = sweep_launcher.job_config(sig, job, idx)
                 try:
+                    run, _ = sweep_launcher.job_config(sig, job, idx)
                     check_config(run)
                 except ConfigError as exc:
                     which = f" (in run {idx + 1} of {len(jobs)}: {' '.join(job)})" if len(jobs) > 1 else ""
@@ -82,3 +83,26 @@ def check_runs(argv: Sequence[str]) -> int:
         sweep_launcher._BASES.clear()
         sweep_launcher._BASES.update(saved)
     return len(jobs) if multirun else 1
+
+
+def cfg_notes(argv: Sequence[str]) -> list:
+    """``python -m kvstudy ... --cfg job`` prints the config a run would use and runs nothing: what that run would
+    refuse or ignore is said too (warnings on stderr, after Hydra's print), so the printed config is not taken for a
+    good one. Empty without ``--cfg`` or for a sweep (``--cfg`` shows its first composition only)."""
+    from kvstudy.config.validate import split_command_line
+
+    overrides, _, args = split_command_line(list(argv))
+    if getattr(args, "cfg", None) not in ("job", "all"):
+        return []
+    try:
+        check_runs(list(overrides), sweep=False)
+    except ConfigError as exc:
+        return [f"a run of this config would stop: {exc}"]
+    from kvstudy.running.compose import compose
+    from kvstudy.running.no_effect import offload_notes, parallel_notes
+
+    try:
+        cfg = compose(overrides)
+    except ConfigError:
+        return []
+    return offload_notes(cfg) + parallel_notes(cfg)

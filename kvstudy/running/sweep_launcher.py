@@ -44,6 +44,7 @@ from hydra.core.utils import JobReturn, JobStatus, configure_log, setup_globals
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
 
 from kvstudy.errors import ConfigError
 from kvstudy.running.folder_lock import BUSY_TEXT
@@ -115,7 +116,13 @@ def _job_paths(sig: Tuple[str, ...], overrides: List[str], idx: int) -> Tuple[Di
             OmegaConf.update(task, o.key_or_group, o.value(), merge=True)
             o = _parser().parse_overrides([o.input_line[2:]])[0]
         elif _is_plain(o):
-            OmegaConf.update(task, o.key_or_group, o.value(), merge=True)
+            try:
+                OmegaConf.update(task, o.key_or_group, o.value(), merge=True)
+            except OmegaConfBaseException:  # the run's option lacks the key (demand=high, an experiment's demand.load)
+                group, _, rel = o.key_or_group.partition(".")
+                option = OmegaConf.select(task, f"{group}.name", default=None)
+                raise ConfigError(f"{o.input_line}: {group} '{option}' of this run has no {rel}; allowed: a key its "
+                                  f"option has (a sweep's key=value sets a key, it adds none)") from None
         named.append(o)
     d = hyd["dirname"]
     dirname = get_overrides_dirname(overrides=named, exclude_keys=list(d["exclude_keys"]), item_sep=d["item_sep"],

@@ -246,9 +246,9 @@ def _hash_segments(hash_ids: pd.Series, prompts: pd.Series, block: int, source, 
     pows = [1 << k for k in range(31) if fit and fit[0] <= 1 << k <= fit[1]]
     best = pows[0] if pows else (fit[0] if fit and fit[0] == fit[1] else None)
     if best is not None and block != best:
+        which = f", of which {best} is a power of two" if fit[0] != fit[1] else ""
         warnings.warn(f"{source}: workload.hash_block_size={block} is not the trace's block size: every row's id count "
-                      f"fits block size {_sizes_text(fit)}{', of which ' + str(best) + ' is a power of two' if fit[0] != fit[1] else ''}"
-                      f"; read as {block}-token blocks, each shared block is off by {abs(best - block)} tokens: give "
+                      f"fits block size {_sizes_text(fit)}{which}; read as {block}-token blocks, each shared block is off by {abs(best - block)} tokens: give "
                       f"workload.hash_block_size={best}", stacklevel=2)
     return [mooncake_segments(ids, int(p), block) for ids, p in zip(rows, prompt.tolist())]
 

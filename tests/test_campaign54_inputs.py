@@ -20,6 +20,7 @@ from kvstudy.running.paths import CONF_DIR, REPO_ROOT
 
 FAST = ["latency=unit", "engine.progress=false", "workload.num_requests=20"]
 A100_TP2 = (CONF_DIR / "hardware" / "a100_tp2.yaml").read_text().replace("name: a100_tp2", "name: my_hw")
+AFTER = A100_TP2.count("\n") + 1  # the line of a key appended to it
 
 
 def cli(*args, module="kvstudy", cwd=REPO_ROOT, timeout=300):
@@ -40,8 +41,8 @@ def user_conf(tmp_path, group, name, body):
 @pytest.mark.parametrize("body,line,words", [
     ("name: my_hw\ndevice: [a100\n", 3, "while parsing a flow sequence at line 2, column 9"),
     ("name: my_hw\n\tdevice: a100\n", 2, "found character '\\t' that cannot start any token"),
-    (A100_TP2 + "device: h100\n", 13, "found duplicate key device"),
-    (A100_TP2 + "x: !!python/object/apply:os.system ['echo hi']\n", 13, "tag '!!python/object/apply:os.system'"),
+    (A100_TP2 + "device: h100\n", AFTER, "found duplicate key device"),
+    (A100_TP2 + "x: !!python/object/apply:os.system ['echo hi']\n", AFTER, "tag '!!python/object/apply:os.system'"),
 ])
 def test_a_user_file_yaml_cannot_read_is_one_line_with_file_and_line(tmp_path, body, line, words):
     path, overrides = user_conf(tmp_path, "hardware", "my_hw", body)
@@ -76,7 +77,7 @@ def test_an_unknown_key_of_a_user_file_is_refused_with_the_settings_there_are(tm
     path, overrides = user_conf(tmp_path, "hardware", "my_hw", A100_TP2 + "hbm_gbps: 2000\n")
     with pytest.raises(ConfigError) as err:
         api.compose(["+policy=vllm", *overrides])
-    assert str(err.value).startswith(f"{path}, line 13: hbm_gbps is not a setting of hardware; allowed: ")
+    assert str(err.value).startswith(f"{path}, line {AFTER}: hbm_gbps is not a setting of hardware; allowed: ")
     assert "pcie_gbps" in str(err.value) and "tensor_parallel" in str(err.value)
     # the same file without the key composes and runs
     path.write_text(A100_TP2)
@@ -126,8 +127,8 @@ def test_a_quoted_name_with_a_space_is_taken_as_hydra_reads_it(tmp_path):
     ("offload", "memory.offload.choice=bogus", r"^memory.offload.choice='bogus': allowed auto, load, recompute"),
     ("hardware", "+demand=high", r"^\+demand=high: experiment 'hardware\w*' chooses demand already "
                                  r"\(demand=\w+\); allowed: demand=high \(without \+"),
-    ("hardware", "cluster.replicas=2", r"^demand.load=7.0 is relative to one replica's capacity; with "
-                                       r"cluster.replicas=2 give demand.rate instead .* in experiment \d+/\d+ of hardware"),
+    ("hardware", "cluster.replicas=2", r"^demand.load=7.0 is relative to one replica's capacity; with cluster."
+                                       r"replicas=2 give demand.rate instead .* in experiment \d+/\d+ of hardware"),
 ])
 def test_reproduce_refuses_a_value_every_run_would_refuse_before_running(paper, override, match):
     from kvstudy.reproduce import check_step_overrides

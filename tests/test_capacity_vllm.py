@@ -176,3 +176,43 @@ def test_a_run_finished_before_the_change_holds_the_same_config():
     assert _first_difference(_result_config(old), _result_config(new)) is None
     other = {**old, "hardware": {**old["hardware"], "memory_gb_per_gpu": 100}}
     assert _first_difference(_result_config(other), _result_config(new)) == ("hardware.memory_gb_per_gpu", 100, None)
+
+
+#: vllm-project/vllm issue #10517 (comment of 2024-12-02, vLLM 0.6.x's ``Memory profiling results`` line), Llama-3.1-8B-
+#: Instruct on one RTX 3090 at gpu_memory_utilization 0.90 and --max-model-len 20000 (so a 20,000-token profiling pass):
+#:     Loading model weights took 14.9888 GB / total_gpu_memory=23.58GiB / peak_torch_memory=17.06GiB /
+#:     non_torch_memory=0.35GiB / kv_cache_size=3.81GiB / # GPU blocks: 1952
+#: and at --max-model-len 29000: peak_torch_memory=17.98GiB, kv_cache_size=2.89GiB, # GPU blocks: 1478.
+#: An independent log (another GPU, another vLLM version, its own non-torch figure), so this checks the formula and
+#: the activation estimate with the non-torch memory as that vLLM measured it (``memory.non_torch_gib``).
+RTX3090 = HardwareSpec("rtx3090", "rtx3090", "none", 1)
+LLAMA31_8B_20K = _llama("llama-3.1-8b-20k", 32, 32, 8, 4096, 14336, 128256, 20000, 8.03e9)
+LLAMA31_8B_29K = _llama("llama-3.1-8b-29k", 32, 32, 8, 4096, 14336, 128256, 29000, 8.03e9)
+
+
+@pytest.mark.parametrize("arch, blocks, activation_gib", [(LLAMA31_8B_20K, 1952, 17.06 - 14.9888),
+                                                         (LLAMA31_8B_29K, 1478, 17.98 - 14.9888)],
+                         ids=["max-model-len 20000", "max-model-len 29000"])
+def test_an_independent_log_on_an_rtx3090(arch, blocks, activation_gib):
+    b = auto_breakdown(arch, RTX3090, memory_gib=23.58, non_torch_gib=0.35)
+    assert b["profile_tokens"] == arch.max_model_len  # vLLM 0.6's max(max_model_len, 2048) below 32K
+    # kvstudy's activation estimate against the peak vLLM measured less the weights: within 13%
+    assert b["activation_bytes"] / GIB == pytest.approx(activation_gib, rel=0.13)
+    per_block = 16 * b["kv_bytes_per_token_per_gpu"]
+    vllm_bytes = blocks * per_block
+    # the KV memory itself is small here (3.8 / 2.9 GiB), so the activation estimate's 0.2-0.3 GiB is 7-9% of it;
+    # tolerance 10% of the KV memory (0.4% of the device)
+    assert b["available_bytes"] == pytest.approx(vllm_bytes, rel=0.10)
+
+
+def test_non_torch_memory_is_a_setting_and_moves_the_capacity_by_its_bytes():
+    common = ["+policy=vllm", "memory=paged", "hardware=a100_tp2", "memory.capacity_tokens=auto"]
+    default = api.model_setup(api.compose(common), latency=False)[2]
+    caps = {nt: api.model_setup(api.compose([*common, f"memory.non_torch_gib={nt}"]), latency=False)[2]
+            for nt in (0.35, 1.79, 3.58)}
+    assert caps[3.58] == default == 18672
+    # every GiB is GIB / 163,840 B = 6,553.6 Llama2-70B tokens per GPU pair, block-rounded
+    assert caps[0.35] - caps[3.58] == pytest.approx((3.58 - 0.35) * GIB / 163840, abs=16)
+    assert caps[1.79] - caps[3.58] == pytest.approx(1.79 * GIB / 163840, abs=16)
+    with pytest.raises(ConfigError, match=r"^memory.non_torch_gib=-1"):
+        api.model_setup(api.compose([*common, "memory.non_torch_gib=-1"]), latency=False)

@@ -1,6 +1,9 @@
-"""Work the test suite (and every run) no longer repeats (issue 54, item 4): the code digest kept in the cache."""
+"""Work the test suite (and every run) no longer repeats (issue 54, item 4): the code digest kept in the cache, and
+a predictor table cut from a cached larger one instead of trained again."""
 import os
 import time
+
+import pytest
 
 from kvstudy.running import paths, provenance
 
@@ -73,3 +76,42 @@ def test_code_digest_without_a_usable_cache_is_computed(tmp_path, monkeypatch):
         assert not os.path.exists(tmp_path / "file" / "sub")
     finally:
         provenance.code_digest.cache_clear()
+
+
+SMALL_BUILD = {"num_estimators": [4], "max_depth": [8], "k_fold_cv_splits": 2, "max_batch_size": 64}
+
+
+@pytest.mark.slow  # two small predictor trainings, ~5 s of CPU
+def test_a_smaller_table_is_cut_from_a_cached_larger_one_not_trained(tmp_path, monkeypatch):
+    """The same model, hardware and settings at fewer tokens: cut from the cached build, equal to the bit to a build
+    of its own, kept under its own key; other settings are not cut from it (kvstudy/latency/models.py)."""
+    import numpy as np
+
+    from kvstudy.latency import models
+    from kvstudy.latency.tables import HardwareSpec, VidurTables
+    from kvstudy.running.paths import load_model_arch
+
+    arch, hw = load_model_arch("llama32_1b"), HardwareSpec("a100_tp1", "a100", "a100_pairwise_nvlink", 1)
+    monkeypatch.setenv("KVSTUDY_CACHE_DIR", str(tmp_path / "own"))
+    own = models.vidur(arch, hw, max_tokens=512, **SMALL_BUILD).tables  # a build for 512 tokens
+    monkeypatch.setenv("KVSTUDY_CACHE_DIR", str(tmp_path / "cache"))
+    big = models.vidur(arch, hw, max_tokens=2048, **SMALL_BUILD)
+    assert big.info["source"] == "trained"
+
+    def no_training(*a):
+        raise AssertionError("trained although a larger table was cached")
+
+    monkeypatch.setattr(models, "_train", no_training)
+    models._LOADED.clear()
+    cut = models.vidur(arch, hw, max_tokens=512, **SMALL_BUILD)
+    assert cut.info["source"] == "cache" and cut.tables.max_tokens == 512
+    for name in ("per_token_ms", "decode_ms", "prefill_ms", "send_recv_ms"):
+        assert getattr(cut.tables, name).shape == getattr(own, name).shape, name
+        assert np.array_equal(getattr(cut.tables, name), getattr(own, name), equal_nan=True), name
+    assert (cut.tables.cv_mape_pct, cut.tables.layers_per_stage) == (own.cv_mape_pct, own.layers_per_stage)
+    kept = VidurTables.load(models.vidur_cache_folder(cut.info["cache_key"]) / "tables.npz")
+    assert kept is not None and np.array_equal(kept.per_token_ms, own.per_token_ms, equal_nan=True)
+    assert cut.iteration_seconds([(300, 100)], 20, 20 * 150) == big.iteration_seconds([(300, 100)], 20, 20 * 150)
+    models._LOADED.clear()
+    with pytest.raises(AssertionError, match="trained although"):  # another setting: its own build
+        models.vidur(arch, hw, max_tokens=512, **{**SMALL_BUILD, "max_batch_size": 32})

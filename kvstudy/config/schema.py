@@ -311,7 +311,9 @@ SCHEMA: Dict[str, Group] = {
                      "capacity_tokens": whole(ge=1, le=1 << 26, auto=True, e_notation=True, unit="tokens",
                                               below="a positive whole number (tokens) or auto"),
                      # vLLM's --gpu-memory-utilization, for capacity_tokens=auto (kvstudy/costs/capacity.py)
-                     "gpu_memory_utilization": number(gt=0.0, le=1.0)},
+                     "gpu_memory_utilization": number(gt=0.0, le=1.0),
+                     # memory outside PyTorch per GPU for capacity_tokens=auto; null: kvstudy/costs/capacity.py's default
+                     "non_torch_gib": number(ge=0.0, le=1e3, unit="GiB", null=True)},
                     by="_target_", options={
         "kvstudy.memory.PaperMemory": {},
         "kvstudy.memory.PagedMemory": {"block_size": whole(ge=1, le=1 << 16, power_of_two=True, unit="tokens"),

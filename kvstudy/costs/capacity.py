@@ -25,7 +25,10 @@ whose ``MemoryProfilingResult`` splits the non-KV memory into the three terms be
   prefill on. Llama-3-8B on one H100: 1.21 GiB against the 1.26 GiB vLLM measured (PR #10511).
 - ``non-torch``: memory outside PyTorch's allocator (CUDA context, cuBLAS workspaces; with tensor or pipeline
   parallelism NCCL communicators and vLLM's custom all-reduce buffers): 1.79 GiB per GPU, and 3.58 GiB with more than
-  one GPU, as vLLM measured them on an H100 for Llama-3-8B at TP 1 and 2 (PR #10511's log).
+  one GPU, as vLLM measured them on an H100 for Llama-3-8B at TP 1 and 2 (PR #10511's log); ``memory.non_torch_gib``
+  sets it. It is the least certain term: another published log (vllm-project/vllm issue #10517, Llama-3.1-8B on an
+  RTX 3090, vLLM 0.6.x) measured 0.35 GiB on one GPU. For Llama2-70B on two A100s every GiB of it is 6,554 tokens
+  (18,672 at the default 3.58 GiB, 30,400 at 1.79, 39,840 at 0.35), so a study that rests on that margin should sweep it.
 - ``CUDA graphs``: 0. vLLM (V0, and V1 up to 0.10) captures its CUDA graphs after the KV cache is sized; their
   memory (0.5-2.5 GiB) comes out of the ``1 - gpu_memory_utilization`` headroom, not the cache.
 
@@ -91,13 +94,16 @@ def activation_peak_bytes(arch: ModelArch, hw: HardwareSpec, tokens: int) -> flo
     return layer + sampler
 
 
-def non_torch_bytes(hw: HardwareSpec) -> float:
+def non_torch_bytes(hw: HardwareSpec, non_torch_gib: Optional[float] = None) -> float:
+    """``memory.non_torch_gib`` if set, else the module docstring's default by GPU count."""
+    if non_torch_gib is not None:
+        return float(non_torch_gib) * GIB
     return NON_TORCH_PARALLEL if hw.tensor_parallel * hw.pipeline_parallel > 1 else NON_TORCH_ONE_GPU
 
 
 def auto_breakdown(arch: ModelArch, hw: HardwareSpec, gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
                    block_size: int = 16, memory_gib: Optional[float] = None,
-                   max_num_batched_tokens: Optional[int] = None) -> dict:
+                   max_num_batched_tokens: Optional[int] = None, non_torch_gib: Optional[float] = None) -> dict:
     """The terms of the module docstring's formula, per GPU (bytes), the blocks and the tokens."""
     total = visible_memory_bytes(hw, memory_gib)
     if total is None:
@@ -108,7 +114,7 @@ def auto_breakdown(arch: ModelArch, hw: HardwareSpec, gpu_memory_utilization: fl
     usable = gpu_memory_utilization * total
     weights = _weights_per_gpu(arch, hw)
     activation = activation_peak_bytes(arch, hw, tokens)
-    non_torch = non_torch_bytes(hw)
+    non_torch = non_torch_bytes(hw, non_torch_gib)
     graphs = 0.0
     available = usable - weights - activation - non_torch - graphs
     if available <= 0:
@@ -139,8 +145,12 @@ def settings_of(cfg) -> dict:
         check_group("memory", {"gpu_memory_utilization": util})  # its declared bounds, for a config no one checked
     block = OmegaConf.select(cfg, "memory.block_size", default=None)
     memory = OmegaConf.select(cfg, "hardware.memory_gb_per_gpu", default=None)
+    non_torch = OmegaConf.select(cfg, "memory.non_torch_gib", default=None)
+    if non_torch is not None:
+        check_group("memory", {"non_torch_gib": non_torch})
     return {"gpu_memory_utilization": GPU_MEMORY_UTILIZATION if util is None else float(util),
-            "block_size": 16 if block is None else int(block), "memory_gib": None if memory is None else float(memory)}
+            "block_size": 16 if block is None else int(block), "memory_gib": None if memory is None else float(memory),
+            "non_torch_gib": None if non_torch is None else float(non_torch)}
 
 
 def describe(value, arch: ModelArch, hw: HardwareSpec, capacity_tokens: int, **settings) -> str:

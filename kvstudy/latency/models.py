@@ -24,7 +24,7 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Optional, Sequence, Tuple
 
@@ -240,6 +240,8 @@ def vidur(arch: ModelArch, hardware: HardwareSpec, capacity_tokens: int = 0, pro
     tables = VidurTables.load(folder / "tables.npz")
     source = "cache"
     if tables is None:
+        tables = _cut_from_larger(files, arch, hardware, settings, folder)
+    if tables is None:
         prepare_cache(folder)  # a cache that cannot be written: one line, before the training
         # a full disk or Ctrl-C while training: one line naming the folder and what it keeps (kvstudy/errors.py)
         with phase(f"training Vidur's predictor for {arch.name} on {hardware.name} into {folder}",
@@ -252,6 +254,27 @@ def vidur(arch: ModelArch, hardware: HardwareSpec, capacity_tokens: int = 0, pro
                 source = "trained"
     _LOADED[memo_key] = (key, tables)
     return VidurLatency(tables, _info(source, started, key, files, settings, tables), settings)
+
+
+def _cut_from_larger(files: ProfileFiles, arch: ModelArch, hardware: HardwareSpec, settings: PredictorSettings,
+                     folder: Path) -> Optional[VidurTables]:
+    """The tables for ``settings`` cut from a cached build for more tokens with every other input the same (the
+    next powers of two up to MAX_TABLE_TOKENS), or None. Vidur fits its operator models on the profiles alone;
+    ``max_tokens`` only sets how far they are predicted, point by point, so the smaller tables are the larger one's
+    first rows, to the bit (tests/test_test_time.py compares a cut with a build). Kept under its own key, so the next
+    load reads it directly (a cache that cannot be written: used this time all the same)."""
+    size = settings.max_tokens * 2
+    while size <= MAX_TABLE_TOKENS:
+        larger = VidurTables.load(vidur_cache_folder(cache_key(files, arch.fingerprint(), hardware,
+                                                                replace(settings, max_tokens=size))) / "tables.npz")
+        if larger is not None and larger.max_tokens == size:
+            tables = larger.cut(settings.max_tokens)
+            with contextlib.suppress(OSError):
+                folder.mkdir(parents=True, exist_ok=True)
+                tables.save(folder / "tables.npz")
+            return tables
+        size *= 2
+    return None
 
 
 def _train(arch: ModelArch, hardware: HardwareSpec, files: ProfileFiles, settings: PredictorSettings,

@@ -146,6 +146,15 @@ class VidurTables:
     def max_chunk(self) -> int:
         return (self.prefill_ms.shape[1] - 1) * 32
 
+    def cut(self, max_tokens: int) -> "VidurTables":
+        """The tables a build for ``max_tokens`` (at most this one's) makes: the first rows of each token axis (the
+        per-token ops up to ``max_tokens``, the KV-context axis up to ``max_tokens`` in steps of the granularity)."""
+        n_kv = max_tokens // self.kv_granularity + 1
+        return VidurTables(self.per_token_ms[:max_tokens + 1].copy(), self.decode_ms[:, :n_kv].copy(),
+                           self.prefill_ms[:n_kv].copy(), self.send_recv_ms[:max_tokens + 1].copy(),
+                           self.layers_per_stage, self.stages, self.kv_granularity, self.decode_overhead,
+                           dict(self.cv_mape_pct))
+
     def iteration_seconds(self, prefill_chunks: Sequence[Tuple[int, int]], num_decodes: int, decode_context_sum: int) -> float:
         """One iteration's seconds: prefill chunks as (new tokens, tokens already cached), plus ``num_decodes``
         decode requests whose cached contexts sum to ``decode_context_sum``."""

@@ -42,12 +42,20 @@ def no_effect(cfg: DictConfig, policy) -> list:
     if util is not None and util != 0.9 and capacity != "auto":
         notes.append(f"memory.gpu_memory_utilization={util} has no effect with memory.capacity_tokens={capacity}: it "
                      f"sizes the cache only with memory.capacity_tokens=auto (kvstudy/costs/capacity.py)")
+    non_torch = OmegaConf.select(cfg, "memory.non_torch_gib", default=None)
+    if non_torch is not None and capacity != "auto":
+        notes.append(f"memory.non_torch_gib={non_torch} has no effect with memory.capacity_tokens={capacity}: it "
+                     f"sizes the cache only with memory.capacity_tokens=auto (kvstudy/costs/capacity.py)")
     return notes + offload_notes(cfg) + parallel_notes(cfg)
 
 
 
-#: conf/memory/paged_offload.yaml's disk speeds: a disk tier's, said to have no effect when changed without one
-_DISK_DEFAULTS = {"disk_read_gbps": 7.0, "disk_write_gbps": 5.0}
+def _disk_defaults() -> dict:
+    """conf/memory/paged_offload.yaml's disk speeds: a disk tier's, said to have no effect when changed without one."""
+    from kvstudy.running.paths import CONF_DIR
+
+    offload = OmegaConf.load(CONF_DIR / "memory" / "paged_offload.yaml").get("offload") or {}
+    return {k: offload.get(k) for k in ("disk_read_gbps", "disk_write_gbps")}
 
 
 def _arch_and_block_bytes(cfg: DictConfig):
@@ -78,7 +86,7 @@ def offload_notes(cfg: DictConfig) -> list:
     values = plain(node)
     notes = []
     if values.get("disk_gb") is None:
-        changed = [f"memory.offload.{k}={values[k]}" for k, v in _DISK_DEFAULTS.items()
+        changed = [f"memory.offload.{k}={values[k]}" for k, v in _disk_defaults().items()
                    if k in values and values[k] != v]
         if changed:
             notes.append(f"{' and '.join(changed)} {'has' if len(changed) == 1 else 'have'} no effect without a disk "

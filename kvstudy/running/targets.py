@@ -18,8 +18,8 @@ from kvstudy.running.compose import group_of, plain
 
 _TARGETS: dict = {}
 #: keys of a group's node that the run reads itself, not passed to its ``_target_``: memory.gpu_memory_utilization
-#: sizes ``capacity_tokens=auto`` (kvstudy/costs/capacity.py) before the memory model is built
-RUN_SETTINGS = {"memory": ("gpu_memory_utilization",)}
+#: and memory.non_torch_gib size ``capacity_tokens=auto`` (kvstudy/costs/capacity.py) before the memory model is built
+RUN_SETTINGS = {"memory": ("gpu_memory_utilization", "non_torch_gib")}
 _SIGNATURES: dict = {}  # target -> its call signature (None: not introspectable), for naming unknown keys
 
 

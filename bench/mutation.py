@@ -1,0 +1,278 @@
+"""Mutation testing of kvstudy's core with cosmic-ray (issue 55; docs/mutation.md): one module's mutants, or a seeded
+random sample of the core's, each mutant running only the test files that cover its module (``TESTS`` below).
+
+    pip install -e ".[mutation]"                          # cosmic-ray 8.x; outside CI: the whole core is hours
+    python bench/mutation.py --module kvstudy/cluster/routers.py --sample 20 --seed 0
+    python bench/mutation.py --sample 300 --seed 55                      # over the whole core
+    python bench/mutation.py --list                                       # the module -> test files mapping
+
+cosmic-ray mutates files in place, so the run works on a copy of the checkout (``git ls-files``, untracked files
+too) under ``--workdir``: the checkout stays untouched and other work in it goes on. Every mutant runs
+``python -m pytest -n 0 -x -q`` on its module's test files (one process, stops at the first failure) under ``nice``;
+a mutant whose tests fail, error or exceed ``--timeout`` is killed. Equivalent mutants (no behaviour can tell them
+apart) are listed in ``EQUIVALENT`` with the reason and counted apart. Writes ``<workdir>/report.json`` (the sample,
+each mutant's outcome and diff) and prints the kill rate per module and every survivor's diff.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CORE = ("kvstudy/engine", "kvstudy/memory", "kvstudy/policies", "kvstudy/cacheopt", "kvstudy/cluster", "kvstudy/costs")
+
+_STEP = ["tests/test_step_engine.py", "tests/test_decode_block_check.py", "tests/test_decode_runs.py",
+         "tests/test_mutation_gaps.py"]
+_ADMISSION = ["tests/test_policies.py", "tests/test_mcsf_incremental.py", "tests/test_protection.py",
+              "tests/test_admission_paged.py", "tests/test_mutation_gaps.py"]
+_CACHEOPT = ["tests/test_cacheopt_components.py", "tests/test_cacheopt_policy.py", "tests/test_cacheopt_inputs.py",
+             "tests/test_mutation_gaps.py"]
+#: module (a file, or a folder for every file in it not named on its own) -> the test files that cover it; the most
+#: specific key wins
+TESTS = {
+    "kvstudy/engine": _STEP + ["tests/test_events.py", "tests/test_admission_paged.py", "tests/test_reserving.py"],
+    "kvstudy/engine/events.py": ["tests/test_events.py", "tests/test_step_engine.py"],
+    "kvstudy/engine/paper_setting.py": ["tests/test_policies.py", "tests/test_mcsf_incremental.py"],
+    "kvstudy/memory": _STEP + ["tests/test_capacity_vllm.py", "tests/test_admission_paged.py"],
+    "kvstudy/memory/paper.py": ["tests/test_policies.py", "tests/test_mcsf_incremental.py"],
+    "kvstudy/memory/prefix.py": ["tests/test_prefix_cache.py", "tests/test_prefix_engine.py", "tests/test_offload.py",
+                                "tests/test_mutation_gaps.py"],
+    "kvstudy/memory/offload.py": ["tests/test_offload.py", "tests/test_mutation_gaps.py"],
+    "kvstudy/policies": _ADMISSION,
+    "kvstudy/policies/vllm.py": _STEP + ["tests/test_capacity_vllm.py", "tests/test_cache_orders.py"],
+    "kvstudy/policies/step.py": _STEP + ["tests/test_rr_sjf.py"],
+    "kvstudy/policies/rr_sjf.py": ["tests/test_rr_sjf.py"] + _STEP,
+    "kvstudy/policies/reserving.py": ["tests/test_reserving.py", "tests/test_decode_runs.py",
+                                      "tests/test_mutation_gaps.py"],
+    "kvstudy/policies/cache_orders.py": ["tests/test_cache_orders.py", "tests/test_mutation_gaps.py"],
+    "kvstudy/cacheopt": _CACHEOPT,
+    "kvstudy/cacheopt/slo.py": ["tests/test_slo.py", "tests/test_cacheopt_study.py"],
+    "kvstudy/cacheopt/study.py": ["tests/test_cacheopt_study.py"],
+    "kvstudy/cacheopt/setup.py": ["tests/test_cacheopt_policy.py", "tests/test_cacheopt_study.py"],
+    "kvstudy/cluster": ["tests/test_routers.py", "tests/test_cluster.py", "tests/test_mutation_gaps.py"],
+    "kvstudy/costs": ["tests/test_capacity_vllm.py", "tests/test_capacity_docs.py", "tests/test_step_engine.py",
+                      "tests/test_offload.py", "tests/test_mutation_gaps.py"],
+    "kvstudy/costs/predictors.py": ["tests/test_rr_sjf.py", "tests/test_cacheopt_inputs.py"],
+    "kvstudy/costs/arch.py": ["tests/test_capacity_vllm.py", "tests/test_configs.py", "tests/test_workloads.py"],
+}
+
+#: mutants no test can kill because no behaviour tells them apart: "module:line operator #occurrence" -> why
+#: (labels as the report prints them; a line number moves when the module changes: re-check after editing it)
+EQUIVALENT = {
+    "kvstudy/cluster/routers.py:116:43 core/ReplaceUnaryOperator_USub_Invert #0":
+        "prefix_affinity's key -cached becomes ~cached = -cached - 1: the same order, the same choice",
+    **{f"kvstudy/cluster/routers.py:{at} core/NumberReplacer #{k}":
+       "a default of ReplicaLoad's fields: runs route on kvstudy/cluster/driver.py's ReplicaView, which computes every "
+       "field; nothing in kvstudy builds a ReplicaLoad (the tests' stand-in, with every field given where it matters)"
+       for at, k in (("37:19", 0), ("37:19", 1), ("38:23", 2), ("38:23", 3), ("39:21", 4), ("39:21", 5),
+                     ("40:22", 6), ("40:22", 7), ("41:64", 8), ("41:64", 9))},
+    "kvstudy/cluster/routers.py:98:25 core/ReplaceComparisonOperator_Eq_LtE #0":
+        "power_of_two's len(replicas) == 1 -> <= 1: a cluster has at least one replica (cluster.replicas >= 1)",
+}
+
+
+def tests_for(module: str) -> list:
+    """The test files of ``module`` (the most specific key of ``TESTS`` that is it or a folder above it)."""
+    keys = [k for k in TESTS if module == k or module.startswith(k + "/")]
+    if not keys:
+        raise SystemExit(f"error: {module} is not in kvstudy's core ({', '.join(CORE)}); allowed: a .py file under one")
+    return TESTS[max(keys, key=len)]
+
+
+def core_modules(selection: list) -> list:
+    out = []
+    for item in selection or CORE:
+        path = REPO / item
+        if path.is_dir():
+            out += sorted(str(p.relative_to(REPO)) for p in path.glob("*.py") if p.name != "__init__.py")
+        elif path.is_file() and path.suffix == ".py":
+            out.append(item)
+        else:
+            raise SystemExit(f"error: --module {item}: no such file or folder in {REPO}; allowed: a .py file or a "
+                             f"folder under {', '.join(CORE)}")
+        tests_for(out[-1] if out else item)
+    return out
+
+
+def copy_tree(dest: Path) -> None:
+    """The checkout's files (tracked and untracked, not ignored) copied to ``dest``."""
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, check=True,
+                           capture_output=True).stdout.decode().split("\0")
+    for name in filter(None, files):
+        src = REPO / name
+        if src.is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / name)
+
+
+def prepare(work: Path, python: str):
+    """A fresh copy of the checkout under ``work`` and the tests' environment; checks the copy is what they import."""
+    if work.exists():
+        if not (work / "tree").is_dir():  # never delete a folder this script did not make
+            raise SystemExit(f"error: --workdir {work} exists and is not one of this script's; allowed: a new path "
+                             f"or a former run's")
+        shutil.rmtree(work)
+    tree = work / "tree"
+    tree.mkdir(parents=True)
+    copy_tree(tree)
+    env = dict(os.environ, KVSTUDY_TEST_CACHE=os.environ.get("KVSTUDY_TEST_CACHE", str(work / "testcache")))
+    shared = subprocess.run([python, "-c", "from kvstudy.running.paths import SHARED_REFERENCE as s; print(s)"],
+                            cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
+    env.setdefault("KVSTUDY_SHARED", shared)  # the copy's ../shared does not exist
+    seen = subprocess.run([python, "-c", "import kvstudy; print(kvstudy.__file__)"], cwd=tree, env=env,
+                          capture_output=True, text=True, check=True).stdout.strip()
+    if not seen.startswith(str(tree)):  # the tests must import the mutated copy, not the checkout
+        raise SystemExit(f"error: in {tree} Python imports kvstudy from {seen}, not the copy")
+    return tree, env
+
+
+#: test files left out of every module's mapping (``--exclude-test``: a kill rate before a file's tests existed)
+EXCLUDED: set = set()
+
+
+def test_command(python: str, module: str) -> str:
+    files = [f for f in tests_for(module) if f not in EXCLUDED]
+    if not files:
+        raise SystemExit(f"error: --exclude-test leaves {module} no test file; allowed: fewer exclusions")
+    return f"nice -n 19 {python} -m pytest -n 0 -x -q -p no:cacheprovider {' '.join(files)}"
+
+
+def label(module: str, item) -> str:
+    """A mutant's name: module:line:column operator #occurrence (stable while the module's source is)."""
+    mut = item.mutations[0]
+    return f"{module}:{mut.start_pos[0]}:{mut.start_pos[1]} {mut.operator_name} #{mut.occurrence}"
+
+
+def sessions_for(modules, work: Path, tree: Path, args, cr) -> dict:
+    """One cosmic-ray session per module (its own test command), its mutants listed: module -> (config, db)."""
+    sessions = {}
+    for m in modules:
+        cfg, db = work / f"{m.replace('/', '.')}.toml", work / f"{m.replace('/', '.')}.sqlite"
+        cfg.write_text(f'[cosmic-ray]\nmodule-path = "{tree / m}"\ntimeout = {args.timeout}\nexcluded-modules = []\n'
+                       f'test-command = "{test_command(args.python, m)}"\n\n[cosmic-ray.distributor]\nname = "local"\n')
+        subprocess.run([cr.cosmic, "init", str(cfg), str(db)], cwd=tree, check=True)
+        sessions[m] = (cfg, db)
+    return sessions
+
+
+def draw(sessions: dict, sample, seed: int, cr):
+    """Every mutant in a fixed order (cosmic-ray's job ids are random), a seeded sample of them; the others are
+    marked skipped. Returns (all, chosen) as (label, module, job id) rows."""
+    everything = []
+    for m, (_, db) in sessions.items():
+        with cr.use_db(str(db), cr.WorkDB.Mode.open) as wdb:
+            everything += [(label(m, it), m, it.job_id) for it in wdb.pending_work_items]
+    everything.sort(key=lambda row: (row[1], [int(x) for x in row[0].split(" ")[0].split(":")[1:]], row[0]))
+    chosen = everything if sample is None else random.Random(seed).sample(everything, min(sample, len(everything)))
+    keep = {job for _, _, job in chosen}
+    for m, (_, db) in sessions.items():
+        drop = [job for _, mm, job in everything if mm == m and job not in keep]
+        if drop:
+            with cr.use_db(str(db), cr.WorkDB.Mode.open) as wdb:
+                wdb.set_multiple_results(drop, cr.WorkResult(output="not in the sample",
+                                                             worker_outcome=cr.WorkerOutcome.SKIPPED))
+    return everything, chosen
+
+
+def outcomes(sessions: dict, cr):
+    """(rows, per-module tallies) of the mutants run: killed (tests failed, errored or timed out), survived,
+    equivalent (``EQUIVALENT``), or not run (cosmic-ray could not apply it: counted apart)."""
+    rows, per_module = [], {}
+    for m, (_, db) in sessions.items():
+        with cr.use_db(str(db), cr.WorkDB.Mode.open) as wdb:
+            done = wdb.completed_work_items
+        for item, result in done:
+            if result.worker_outcome == cr.WorkerOutcome.SKIPPED:
+                continue
+            name = label(m, item)
+            if name in EQUIVALENT:
+                outcome = "equivalent"
+            elif result.test_outcome in (cr.TestOutcome.KILLED, cr.TestOutcome.INCOMPETENT):
+                outcome = "killed"
+            elif result.test_outcome == cr.TestOutcome.SURVIVED:
+                outcome = "survived"
+            else:
+                outcome = f"not run ({result.worker_outcome})"
+            rows.append({"mutant": name, "outcome": outcome, "diff": result.diff,
+                         "timeout": result.output == "timeout"})
+            tally = per_module.setdefault(m, {"mutants": 0, "killed": 0, "equivalent": 0, "not_run": 0})
+            tally["mutants"] += 1
+            tally["killed"] += outcome == "killed"
+            tally["equivalent"] += outcome == "equivalent"
+            tally["not_run"] += outcome.startswith("not run")
+    return sorted(rows, key=lambda r: r["mutant"]), per_module
+
+
+def cosmic_ray():
+    """cosmic-ray's API and command (installed beside this Python)."""
+    try:
+        from cosmic_ray.work_db import WorkDB, use_db
+        from cosmic_ray.work_item import TestOutcome, WorkerOutcome, WorkResult
+    except ImportError:
+        raise SystemExit('error: cosmic-ray is not installed; allowed: pip install -e ".[mutation]" (cosmic-ray 8.x)')
+    return argparse.Namespace(WorkDB=WorkDB, use_db=use_db, TestOutcome=TestOutcome, WorkerOutcome=WorkerOutcome,
+                              WorkResult=WorkResult, cosmic=str(Path(sys.executable).with_name("cosmic-ray")))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--module", action="append", help="a core module or folder (repeatable; default: the whole core)")
+    ap.add_argument("--sample", type=int, help="run a seeded random sample of this many mutants (default: all)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds per mutant's tests (then: killed)")
+    ap.add_argument("--workdir", type=Path, default=Path("/tmp/kvstudy_mutation"))
+    ap.add_argument("--python", default=sys.executable, help="the Python with kvstudy's test extras")
+    ap.add_argument("--exclude-test", action="append", default=[],
+                    help="leave this test file out of every module's tests (repeatable): the kill rate without it")
+    ap.add_argument("--list", action="store_true", help="print module -> test files and stop")
+    args = ap.parse_args(argv)
+    EXCLUDED.update(args.exclude_test)
+    modules = core_modules(args.module)
+    if args.list:
+        for m in modules:
+            print(m, test_command(args.python, m).split(" -p no:cacheprovider ")[1])
+        return 0
+    cr = cosmic_ray()
+    work = args.workdir
+    tree, env = prepare(work, args.python)
+    sessions = sessions_for(modules, work, tree, args, cr)
+    everything, chosen = draw(sessions, args.sample, args.seed, cr)
+    print(f"{len(chosen)} of {len(everything)} mutants (seed {args.seed}) in {len(modules)} module(s)", flush=True)
+    for m in modules:  # each module's tests pass unmutated first: a failure there is the suite's, not a mutant's
+        run = subprocess.run(test_command(args.python, m), shell=True, cwd=tree, env=env, capture_output=True,
+                             text=True)
+        if run.returncode:
+            raise SystemExit(f"error: {m}'s tests fail without a mutant:\n{run.stdout[-2000:]}")
+    t0 = time.time()
+    for m, (cfg, db) in sessions.items():
+        if any(mm == m for _, mm, _ in chosen):
+            subprocess.run([cr.cosmic, "exec", str(cfg), str(db)], cwd=tree, env=env, check=True)
+    rows, per_module = outcomes(sessions, cr)
+    killed = sum(t["killed"] for t in per_module.values())
+    judged = sum(t["mutants"] - t["equivalent"] - t["not_run"] for t in per_module.values())
+    report = {"seed": args.seed, "sample": args.sample, "modules": modules, "excluded_tests": sorted(EXCLUDED), "mutants_total": len(everything),
+              "per_module": per_module, "killed": killed, "judged": judged,
+              "kill_rate": killed / judged if judged else None, "seconds": round(time.time() - t0, 1),
+              "mutants": rows}
+    (work / "report.json").write_text(json.dumps(report, indent=1))
+    for m, t in per_module.items():
+        n = t["mutants"] - t["equivalent"] - t["not_run"]
+        print(f"{m}: {t['killed']}/{n} killed ({t['killed'] / max(1, n):.0%}), {t['equivalent']} equivalent, "
+              f"{t['not_run']} not run")
+    print(f"all: {killed}/{judged} killed ({report['kill_rate'] or 0:.1%}) in {report['seconds']} s; "
+          f"report: {work / 'report.json'}")
+    for r in rows:
+        if r["outcome"] not in ("killed", "equivalent"):
+            print(f"\n{r['outcome'].upper()} {r['mutant']}\n{r['diff']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -232,6 +232,7 @@ def main(argv=None) -> int:
     ap.add_argument("--exclude-test", action="append", default=[],
                     help="leave this test file out of every module's tests (repeatable): the kill rate without it")
     ap.add_argument("--list", action="store_true", help="print module -> test files and stop")
+    ap.add_argument("--draw-only", action="store_true", help="list the sampled mutants and stop")
     args = ap.parse_args(argv)
     EXCLUDED.update(args.exclude_test)
     modules = core_modules(args.module)
@@ -245,11 +246,14 @@ def main(argv=None) -> int:
     sessions = sessions_for(modules, work, tree, args, cr)
     everything, chosen = draw(sessions, args.sample, args.seed, cr)
     print(f"{len(chosen)} of {len(everything)} mutants (seed {args.seed}) in {len(modules)} module(s)", flush=True)
-    for m in modules:  # each module's tests pass unmutated first: a failure there is the suite's, not a mutant's
-        run = subprocess.run(test_command(args.python, m), shell=True, cwd=tree, env=env, capture_output=True,
-                             text=True)
+    if args.draw_only:
+        print("\n".join(sorted(name for name, _, _ in chosen)))
+        return 0
+    # the tests of each module sampled pass unmutated first: a failure there is the suite's, not a mutant's
+    for command in sorted({test_command(args.python, m) for _, m, _ in chosen}):
+        run = subprocess.run(command, shell=True, cwd=tree, env=env, capture_output=True, text=True)
         if run.returncode:
-            raise SystemExit(f"error: {m}'s tests fail without a mutant:\n{run.stdout[-2000:]}")
+            raise SystemExit(f"error: the tests fail without a mutant ({command}):\n{run.stdout[-2000:]}")
     t0 = time.time()
     for m, (cfg, db) in sessions.items():
         if any(mm == m for _, mm, _ in chosen):

@@ -40,6 +40,7 @@ def test_unknown_option_is_one_clear_line(tmp_path):
         "to/<folder>]"
 
 
+@pytest.mark.slow  # over about 4 s (measured 4.3-14 s, issue 54's fast-tier budget)
 def test_latency_printout():
     proc = subprocess.run([sys.executable, "-m", "kvstudy.latency"], cwd=REPO_ROOT, capture_output=True, text=True,
                           timeout=600)

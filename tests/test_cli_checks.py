@@ -33,10 +33,10 @@ def one_error(proc) -> str:
 @pytest.mark.parametrize("args,line", [
     (["+policy=mcsf", "memory.decode_block_check=vllm"],
      "error: memory.decode_block_check: not a setting of memory 'paper'; it takes capacity_tokens, "
-     "gpu_memory_utilization (memory 'paged', 'paged_offload' or 'paged_prefix' has it)"),
+     "gpu_memory_utilization, non_torch_gib (memory 'paged', 'paged_offload' or 'paged_prefix' has it)"),
     (["+policy=mcsf", "memory=paper", "++memory.decode_block_check=vllm"],
      "error: memory.decode_block_check: not a setting of memory 'paper'; it takes capacity_tokens, "
-     "gpu_memory_utilization (memory 'paged', 'paged_offload' or 'paged_prefix' has it)"),
+     "gpu_memory_utilization, non_torch_gib (memory 'paged', 'paged_offload' or 'paged_prefix' has it)"),
     (["+policy=vllm", "policy.chunk_size=8"],
      "error: policy.chunk_size: not a setting of policy 'vllm'; it takes preemption_mode, max_num_seqs, "
      "max_num_batched_tokens, running_order, waiting_order (policy 'sarathi' or 'sarathi_lpm' has it)"),

@@ -154,6 +154,7 @@ def test_hardware_configs_run_the_main_job(hardware):
     assert ("hardware_note" in summary) == (not hardware.startswith("h100"))
 
 
+@pytest.mark.slow  # over about 4 s (measured 4.3-14 s, issue 54's fast-tier budget)
 @pytest.mark.parametrize("hardware", ["h100_tp2", "h200_tp2", "a40_tp4"])
 def test_study_hardware_runs_timed_by_vidur(hardware):
     # latency.max_tokens: the table the 60 requests need (auto would size it to H200's 377,392-token cache: minutes;

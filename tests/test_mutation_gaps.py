@@ -1,5 +1,5 @@
 """Behaviour tests for the holes issue 55 found by applying small realistic bugs by hand (and a mutation tool,
-bench/mutation.sh): orders that only differ with three or more requests, ties, the decision check's fast path,
+bench/mutation.py): orders that only differ with three or more requests, ties, the decision check's fast path,
 settings with two values tested unequal, second occurrences. Each test is a hand-worked instance (worked in its
 docstring) or a property; none checks a line of code."""
 import random
@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from kvstudy.cacheopt.preemption import tbt_bucket, victim_order
+from kvstudy.costs.swap_models import PcieSwap
 from kvstudy.cluster.routers import LeastKV, LeastOutstanding, PowerOfTwo, PrefixAffinity
 from kvstudy.engine import PolicyError
 from kvstudy.memory.offload import OffloadTiers, OffloadView, Tier
@@ -317,3 +318,19 @@ def test_admission_stops_at_the_first_request_that_does_not_fit(make):
     res = step_engine(make_instance([8, 12, 4], [1, 1, 1]), make()).run()
     assert res.requests.completion_time.tolist() == [1.0, 2.0, 2.0]
     assert res.iterations.prefill_tokens.tolist() == [8, 16]
+
+
+def test_vllm_swapped_requests_come_back_first_out_first_in():
+    """The three requests of the vLLM test under preemption_mode=swap. C is swapped out at step 5 (2 blocks), B at
+    step 9 (3 blocks); A is done at step 12 and frees its 4 blocks (6 free). vLLM brings swapped requests back in
+    the order they left: C first, taking its 2 blocks and the 3rd its next token needs; B, then first in line, needs
+    its 3 blocks and a 4th (3 free): it waits. C's tokens 6-12 at steps 12-18 (done at 19), then B comes back (4
+    blocks), tokens 10-12 at steps 19-21 (done at 22). Each iteration that copies adds its copy's seconds: 2 blocks
+    out (step 5), 3 out (step 9), 2 in (step 12), 3 in (step 19)."""
+    swap = PcieSwap()
+    res = step_engine(make_instance(*THREE), VLLM(preemption_mode="swap"), capacity=24, swap=swap).run()
+    two, three = swap.seconds(2), swap.seconds(3)
+    assert res.requests.completion_time.tolist() == pytest.approx(
+        [12 + two + three, 22 + 2 * two + 2 * three, 19 + 2 * two + three], rel=1e-12)
+    assert res.requests.preemptions_swap.tolist() == [0, 1, 1]
+    assert res.iterations.swapped_in.tolist() == [0] * 12 + [1] + [0] * 6 + [1, 0, 0]

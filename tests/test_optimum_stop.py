@@ -75,6 +75,7 @@ def _sigterm_study(args: list, ready) -> tuple:
     return seen, proc.returncode, err
 
 
+@pytest.mark.slow  # over about 4 s (measured 4.3-14 s, issue 54's fast-tier budget)
 def test_sigterm_to_a_jobs_study_stops_its_workers(tmp_path):
     out = tmp_path / "stop.parquet"
 

@@ -113,6 +113,7 @@ def test_off_by_default_and_refused_with_embedding():
 MOONCAKE = SHARED_REFERENCE / "traces-extra" / "mooncake" / "conversation_trace.jsonl"
 
 
+@pytest.mark.slow  # over about 4 s (measured 4.3-14 s, issue 54's fast-tier budget)
 @pytest.mark.skipif(not MOONCAKE.exists(), reason=f"needs Mooncake's trace {MOONCAKE} (../shared, present in CI)")
 def test_hits_equal_the_independent_count_on_mooncake():
     """A cache too large to evict and requests far apart: every request's prefix_cached_tokens is the longest run of

@@ -3,6 +3,7 @@ import json
 import shutil
 
 import pandas as pd
+import pytest
 
 from kvstudy.running.paths import CALIBRATION_FILE, PROFILES_DIR, SHARED_REFERENCE, load_model_arch
 from kvstudy.profiles.builder import build_model, build_network
@@ -43,6 +44,7 @@ def test_calibration_error_against_real_a100_measurements():
     assert committed["mlp_ops"] == result["mlp_ops"]
 
 
+@pytest.mark.slow  # over about 4 s (measured 4.3-14 s, issue 54's fast-tier budget)
 @needs_shared
 def test_real_vidur_profiles_take_the_same_path(tmp_path):
     """Real measured MLP + network files with generated attention: same code path, different numbers."""

@@ -71,7 +71,12 @@ def test_dry_run_prints_every_command(capsys):
     assert "notebooks/04_cacheopt.ipynb -> outputs/reproduce/cacheopt/04_cacheopt.html" in out
 
 
-def test_overrides_replace_the_commands_own_key(capsys):
+def test_overrides_replace_the_commands_own_key(capsys, monkeypatch):
+    # the command lines only: the values' pre-check composes every run of the paper's 25 experiments (~20 s); it has
+    # its own tests (tests/test_campaign54_inputs.py)
+    from kvstudy.running import precheck
+
+    monkeypatch.setattr(precheck, "check_runs", lambda argv, sweep=True: 1)
     assert reproduce.main(["mcsf", "--dry-run", "--", "hardware=a100_vidur_default"]) == 0
     out = capsys.readouterr().out
     lines = [ln for ln in out.splitlines() if ln.startswith("python -m kvstudy +experiment=table1 ")]

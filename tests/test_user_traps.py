@@ -182,6 +182,7 @@ def test_damaged_predictor_cache_is_rebuilt_not_fatal(tmp_path):
         assert VidurTables.load(path) is None
 
 
+@pytest.mark.slow  # over about 4 s (measured 4.3-14 s, issue 54's fast-tier budget)
 def test_interrupted_run_keeps_what_is_done(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "kvstudy", "+policy=mcsf", "+demand=high", "latency=unit",
                              "workload.num_requests=400000", "engine.progress=true", f"hydra.run.dir={tmp_path}"],

@@ -149,6 +149,7 @@ def test_load_sweep_leaves_interrupted_runs_out(tmp_path):
 
 
 # policy keys on a sweep that chooses the policy -----------------------------------------------------------------
+@pytest.mark.slow  # over about 4 s (measured 4.3-14 s, issue 54's fast-tier budget)
 def test_policy_keys_on_an_experiment_sweeping_policies(tmp_path):
     proc = cli("+experiment=rr_sjf_policies", "policy.steps_before_preemption=3", "workload.num_requests=40",
                "seed=0", "policy.preemption_mode=recompute", f"hydra.sweep.dir={tmp_path}")

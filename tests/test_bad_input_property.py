@@ -26,29 +26,40 @@ from kvstudy.errors import ConfigError, DataError
 from kvstudy.running.paths import CONF_DIR, REPO_ROOT
 from kvstudy.config.schema import SCHEMA, Key, key_spec
 from kvstudy.config.validate import _leaves, check_config, check_overrides
+from tests.compositions import compose_each
 
 APPENDED = {"policy", "demand", "algo"}
 GROUP_DIRS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name not in ("hydra", "experiment"))
 INF, NAN = float("inf"), float("nan")
 
 
-def _option_overrides():
-    """One override list per option of every group (and per experiment), each a config the schema must cover."""
+def _option_overrides(experiments=None):
+    """One override list per option of every group (and per experiment), each a config the schema must cover.
+    ``experiments``: experiment -> whether it chooses its policy (composed once, ``_stored``)."""
+    experiments = _stored()["experiments"] if experiments is None else experiments
     out = [["+policy=mcsf", "+demand=high"]]
     for group in GROUP_DIRS:
         for option in api.options(group):
             choice = f"{'+' if group in APPENDED else ''}{group}={option}"
             extra = [] if group in ("policy", "algo") else ["+policy=mcsf"]
             out.append([choice] + extra + ([] if group == "demand" else ["+demand=high"]))
-    for option in api.options("experiment"):  # an experiment without a policy of its own runs one of the sweep's
-        own = "policy" in api.compose([f"+experiment={option}"])
+    for option, own in experiments.items():  # an experiment without a policy of its own runs one of the sweep's
         out.append([f"+experiment={option}"] + ([] if own else ["+policy=mcsf"]))
     return out
 
 
+@functools.lru_cache(maxsize=1)
+def _stored() -> dict:
+    """Every option's composition, composed once and shared out between the workers (tests/compositions.py)."""
+    experiments = {key[0][len("+experiment="):]: "policy" in cfg for key, cfg in compose_each(
+        "experiments", [[f"+experiment={option}"] for option in api.options("experiment")]).items()}
+    return {"experiments": experiments, "configs": compose_each("options", _option_overrides(experiments))}
+
+
 @functools.lru_cache(maxsize=None)
 def _compose(overrides: tuple):
-    return api.compose(list(overrides))
+    stored = _stored()["configs"].get(overrides)
+    return stored if stored is not None else api.compose(list(overrides))
 
 
 def _groups_of(plain: dict):

@@ -1,6 +1,7 @@
 """Every registered policy (each file in conf/policy/) passes the same checks, Gymnasium-style:
 it builds from its config, finishes random small instances with valid decisions, is deterministic for a
 seed, survives pickling, and keeps no state between runs."""
+import copy
 import pickle
 
 import numpy as np
@@ -11,21 +12,25 @@ from kvstudy.engine import Engine
 from kvstudy.latency.models import UnitLatency
 from kvstudy.policies.base import Policy, SchedulerView
 from kvstudy.policies.step import StepPolicy
+from tests.compositions import compose_each
 from tests.conftest import make_instance
 from tests.step_helpers import step_engine
 
 POLICIES = api.options("policy")
+#: each policy's composition, made once and shared by the workers (tests/compositions.py)
+COMPOSED = {key[0][len("+policy="):]: cfg for key, cfg in compose_each("policies", [[f"+policy={name}"]
+                                                                                   for name in POLICIES]).items()}
 
 
 def build(name):
-    return api.build_policy(api.compose([f"+policy={name}"]))
+    return api.build_policy(copy.deepcopy(COMPOSED[name]))
 
 
 def memories(name):
     """The memory models a policy runs on: preemptive ones on paged memory only; admission-only ones on both (the
     engine adapts them to paged memory, kvstudy/policies/admission.py); a policy that chooses prefix caching
     (memory=paged_prefix: the cache-aware ones) on that."""
-    if api.compose([f"+policy={name}"]).memory.get("prefix_caching"):
+    if COMPOSED[name].memory.get("prefix_caching"):
         return ["paged_prefix"]
     return ["paged"] if getattr(build(name), "preemptive", False) else ["paper", "paged"]
 

@@ -27,10 +27,11 @@ def _medians(result):
 
 @pytest.fixture(scope="module")
 def h100_fit():
-    return calibrate(SHARED_REFERENCE / "vidur-data", "h100")
+    """The committed fit: tests/test_hardware.py checks that it is what ``calibrate`` gives from the shared files (one
+    fit of ~3 s per suite, not two)."""
+    return json.loads(calibration_file("h100").read_text())
 
 
-@needs_shared
 def test_h100_gemm_medians_within_the_bound(h100_fit):
     medians = _medians(h100_fit)
     for op in GEMM_OPS:
@@ -39,7 +40,6 @@ def test_h100_gemm_medians_within_the_bound(h100_fit):
         assert 0 < fit["phi"] < 1 and 0.5 < fit["eta"] <= 1, (op, fit)
         # c0 is a kernel launch again (the small-token rows' 4-6 us), not the 7-13 us the roofline needed
         assert 0.003 < fit["c0"] < 0.007, (op, fit)
-    assert json.loads(calibration_file("h100").read_text())["mlp_ops"] == h100_fit["mlp_ops"]
 
 
 @needs_shared

@@ -5,11 +5,15 @@ import logging
 import sys
 import warnings
 
-import hydra
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+try:  # Ctrl-C while the command starts (its imports take ~1 s): one line, as later (the new-user trial, issue 54)
+    import hydra
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import DictConfig
 
-from kvstudy.running.paths import CONF_DIR, shown_path
+    from kvstudy.running.paths import CONF_DIR, shown_path
+except KeyboardInterrupt:
+    print("error: interrupted (Ctrl-C) while starting the command; nothing was written", file=sys.stderr)
+    sys.exit(130)
 
 
 def _time_unit(summary: dict) -> str:
@@ -164,19 +168,26 @@ def main(cfg: DictConfig) -> None:
         sys.exit(3)
 
 
-if __name__ == "__main__":
-    from kvstudy.errors import KvStudyError, report
-    from kvstudy.config.cli_overrides import command_line
-    from kvstudy.config.validate import check_overrides
-
-    from kvstudy.running.precheck import cfg_notes
+def _cli() -> None:
+    from kvstudy.errors import KvStudyError, interrupted, report
 
     try:
-        check_overrides(sys.argv[1:])
-        notes = cfg_notes(sys.argv[1:])  # --cfg: what the printed config's run would refuse or ignore, said too
-        sys.argv[1:] = command_line(sys.argv[1:])
-    except KvStudyError as exc:
-        sys.exit(report(exc))
-    for note in notes:
-        print(f"warning: {note}", file=sys.stderr)
-    main()
+        from kvstudy.config.cli_overrides import command_line
+        from kvstudy.config.validate import check_overrides
+        from kvstudy.running.precheck import cfg_notes
+
+        try:
+            check_overrides(sys.argv[1:])
+            notes = cfg_notes(sys.argv[1:])  # --cfg: what the printed config's run would refuse or ignore, said too
+            sys.argv[1:] = command_line(sys.argv[1:])
+        except KvStudyError as exc:
+            sys.exit(report(exc))
+        for note in notes:
+            print(f"warning: {note}", file=sys.stderr)
+        main()
+    except KeyboardInterrupt as exc:  # before the run's own handling takes over (Hydra composing, checks)
+        sys.exit(interrupted(exc))
+
+
+if __name__ == "__main__":
+    _cli()

@@ -366,6 +366,9 @@ def test_the_command_line_says_a_full_disk_or_ctrl_c_in_one_line(tmp_path, case,
     assert proc.returncode == code and len(errors) == 1 and re.match(line, errors[0]), proc.stderr
     if case == "full":
         assert not (tmp_path / "run" / "summary.json").exists()
+    if case == "sweep":  # the summary line says the sweep was interrupted, not "done: 0 runs" (the new-user trial)
+        assert re.search(r"^sweep interrupted: 0 of 2 runs ended, .*\(no run ended, so no folder to name\)$",
+                         proc.stdout, re.M), proc.stdout
 
 
 @pytest.mark.parametrize("failure, code, line", [

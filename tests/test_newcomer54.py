@@ -116,9 +116,10 @@ def test_offload_key_on_paged_names_paged_offload():
 
     with pytest.raises(ConfigError) as err:
         check_overrides(["+policy=vllm", "+demand=high", "memory=paged", "memory.offload.host_gb=256"])
-    assert str(err.value).startswith("memory.offload.host_gb=256: memory 'paged' has no offload.host_gb in its "
-                                     "config; allowed: memory=paged_offload memory.offload.host_gb=256 (memory "
-                                     "'paged_offload' has offload.host_gb), or +memory.offload.host_gb=256"), err.value
+    # and only that option: +memory.offload.host_gb=256 on memory=paged fails on the tier's other settings
+    assert str(err.value) == ("memory.offload.host_gb=256: memory 'paged' has no offload.host_gb in its config; "
+                              "allowed: memory=paged_offload memory.offload.host_gb=256 (memory 'paged_offload' has "
+                              "offload.host_gb)"), err.value
     # the first suggestion is accepted as it is written
     check_overrides(["+policy=vllm", "+demand=high", "memory=paged_offload", "memory.offload.host_gb=256"])
 
@@ -315,3 +316,20 @@ def test_readme_outputs_line_is_what_the_run_prints(tmp_path):
     printed = re.search(r"^outputs: (.+)$", proc.stdout, re.M)[1]
     assert re.fullmatch(pattern, printed), (line, printed)
     assert (tmp_path / printed / "summary.json").exists()
+
+
+# the new-user trial: Ctrl-C while the command line is still being checked or composed ---------------------------------
+def test_ctrl_c_before_the_run_is_one_line_and_130(monkeypatch, capsys):
+    import kvstudy.__main__ as cli
+    from kvstudy.config import validate
+
+    def interrupt(argv):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(validate, "check_overrides", interrupt)
+    monkeypatch.setattr(sys, "argv", ["kvstudy", "+policy=mcsf"])
+    with pytest.raises(SystemExit) as done:
+        cli._cli()
+    assert done.value.code == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: interrupted (Ctrl-C) while preparing the command; nothing was written"], err

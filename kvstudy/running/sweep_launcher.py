@@ -204,17 +204,19 @@ def _run(job: Tuple[int, List[str], Tuple[str, ...]]) -> Tuple[int, str, str, st
     return idx, str(folder), str(sweep_dir), kind, line, notes
 
 
-def summary_line(kinds: List[str], seconds: float, sweep_dirs) -> str:
-    """The sweep's last line: how many runs completed, were skipped, failed, ended otherwise; its folder(s)."""
+def summary_line(kinds: List[str], seconds: float, sweep_dirs, of: Optional[int] = None) -> str:
+    """The sweep's last line: how many runs completed, were skipped, failed, ended otherwise; its folder(s).
+    ``of``: the sweep was interrupted with that many runs in it (the count is of those that ended)."""
     count = {k: kinds.count(k) for k in (COMPLETED, SKIPPED, FAILED, UNFINISHED)}
     from kvstudy.running.paths import shown_path
 
     dirs = sorted({shown_path(d) for d in sweep_dirs if d and str(d) != "None"})
     ended = (f", {count[UNFINISHED]} ended without completing (their summary.json says why)"
              if count[UNFINISHED] else "")
-    return (f"sweep done: {len(kinds)} runs, {count[COMPLETED]} completed, {count[SKIPPED]} skipped (already "
+    head = f"sweep done: {len(kinds)} runs" if of is None else f"sweep interrupted: {len(kinds)} of {of} runs ended"
+    return (f"{head}, {count[COMPLETED]} completed, {count[SKIPPED]} skipped (already "
             f"finished), {count[FAILED]} failed (error.txt in each){ended}, in {seconds:.1f} s: "
-            f"{', '.join(dirs) if dirs else '(no folder)'}")
+            f"{', '.join(dirs) if dirs else '(no run ended, so no folder to name)'}")
 
 
 def say_run(idx, folder: str, line: str, notes=()) -> None:
@@ -354,7 +356,7 @@ class BatchLauncher(Launcher):
                                 _return_value=line)
                 done.append((idx, ret))
         except KeyboardInterrupt:  # Ctrl-C: the runs under way stop (theirs: status interrupted), one line, 130
-            print(summary_line(kinds, time.monotonic() - start, sweep_dirs), flush=True)
+            print(summary_line(kinds, time.monotonic() - start, sweep_dirs, of=len(jobs)), flush=True)
             print(f"error: interrupted (Ctrl-C) after {len(kinds)} of {len(jobs)} runs; finished runs are kept, and "
                   f"the same command runs the rest (finished ones are skipped)", file=sys.stderr, flush=True)
             sys.exit(130)

@@ -137,17 +137,17 @@ def auto_capacity(arch: ModelArch, hw: HardwareSpec, **settings) -> int:
 
 def settings_of(cfg) -> dict:
     """The keyword arguments of ``auto_breakdown`` a composed config sets: ``memory.gpu_memory_utilization``,
-    ``memory.block_size`` (16 for memory=paper, vLLM's default) and ``hardware.memory_gb_per_gpu`` (GiB)."""
+    ``memory.non_torch_gib``, ``memory.block_size`` (16 for memory=paper, vLLM's default) and
+    ``hardware.memory_gb_per_gpu`` (GiB)."""
     from omegaconf import OmegaConf
 
     util = OmegaConf.select(cfg, "memory.gpu_memory_utilization", default=None)
-    if util is not None:
-        check_group("memory", {"gpu_memory_utilization": util})  # its declared bounds, for a config no one checked
+    non_torch = OmegaConf.select(cfg, "memory.non_torch_gib", default=None)
+    # their declared bounds, for a config no one checked
+    check_group("memory", {k: v for k, v in (("gpu_memory_utilization", util), ("non_torch_gib", non_torch))
+                           if v is not None})
     block = OmegaConf.select(cfg, "memory.block_size", default=None)
     memory = OmegaConf.select(cfg, "hardware.memory_gb_per_gpu", default=None)
-    non_torch = OmegaConf.select(cfg, "memory.non_torch_gib", default=None)
-    if non_torch is not None:
-        check_group("memory", {"non_torch_gib": non_torch})
     return {"gpu_memory_utilization": GPU_MEMORY_UTILIZATION if util is None else float(util),
             "block_size": 16 if block is None else int(block), "memory_gib": None if memory is None else float(memory),
             "non_torch_gib": None if non_torch is None else float(non_torch)}

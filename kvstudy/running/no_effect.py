@@ -37,17 +37,16 @@ def no_effect(cfg: DictConfig, policy) -> list:
         if pred.get("kind") == kind and pred.get(key) == 0:
             notes.append(f"predictor={kind} with predictor.{key}=0 predicts every length exactly (the oracle); "
                          f"set predictor.{key} above 0 for noise")
-    util = OmegaConf.select(cfg, "memory.gpu_memory_utilization", default=None)
     capacity = OmegaConf.select(cfg, "memory.capacity_tokens", default=None)
-    if util is not None and util != 0.9 and capacity != "auto":
-        notes.append(f"memory.gpu_memory_utilization={util} has no effect with memory.capacity_tokens={capacity}: it "
-                     f"sizes the cache only with memory.capacity_tokens=auto (kvstudy/costs/capacity.py)")
-    non_torch = OmegaConf.select(cfg, "memory.non_torch_gib", default=None)
-    if non_torch is not None and capacity != "auto":
-        notes.append(f"memory.non_torch_gib={non_torch} has no effect with memory.capacity_tokens={capacity}: it "
-                     f"sizes the cache only with memory.capacity_tokens=auto (kvstudy/costs/capacity.py)")
-    return notes + offload_notes(cfg) + parallel_notes(cfg)
+    if capacity != "auto":  # the settings that size capacity_tokens=auto, each said when set away from its default
+        from kvstudy.costs.capacity import GPU_MEMORY_UTILIZATION
 
+        for key, default in (("gpu_memory_utilization", GPU_MEMORY_UTILIZATION), ("non_torch_gib", None)):
+            value = OmegaConf.select(cfg, f"memory.{key}", default=None)
+            if value is not None and value != default:
+                notes.append(f"memory.{key}={value} has no effect with memory.capacity_tokens={capacity}: it sizes "
+                             f"the cache only with memory.capacity_tokens=auto (kvstudy/costs/capacity.py)")
+    return notes + offload_notes(cfg) + parallel_notes(cfg)
 
 
 def _disk_defaults() -> dict:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.util
-import os
 import platform
 import subprocess
 from importlib.metadata import PackageNotFoundError, version
@@ -82,11 +81,10 @@ def code_digest() -> str:
         return kept
     digest = _code_digest(modules, configs, vidur)
     if memo:
+        from kvstudy.running.atomic import write_text_atomic
+
         try:
-            memo.parent.mkdir(parents=True, exist_ok=True)
-            part = memo.with_name(f"{memo.name}.{os.getpid()}.part")
-            part.write_text(digest)
-            os.replace(part, memo)  # atomic: a reader sees the whole digest or none
+            write_text_atomic(memo, digest)  # a reader sees the whole digest or none
         except OSError:
             pass
     return digest

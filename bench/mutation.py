@@ -162,15 +162,35 @@ def sessions_for(modules, work: Path, tree: Path, args, cr) -> dict:
     return sessions
 
 
-def draw(sessions: dict, sample, seed: int, cr):
-    """Every mutant in a fixed order (cosmic-ray's job ids are random), a seeded sample of them; the others are
-    marked skipped. Returns (all, chosen) as (label, module, job id) rows."""
+def shard(text: str):
+    """``K/N`` -> (K, N) with 1 <= K <= N."""
+    try:
+        k, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: allowed: K/N, e.g. 1/2")
+    if not 1 <= k <= n:
+        raise argparse.ArgumentTypeError(f"{text!r}: allowed: 1 <= K <= N")
+    return k, n
+
+
+def draw(sessions: dict, sample, seed: int, cr, part=(1, 1), only=None):
+    """Every mutant in a fixed order (cosmic-ray's job ids are random), a seeded sample of them, and of the sample
+    the ``part`` = (K, N) slice (every N-th, from the K-th: the same draw whatever N); the others are marked
+    skipped; ``only`` (a set of labels) keeps those of the sample alone. Returns (all, chosen) as (label, module,
+    job id) rows."""
     everything = []
     for m, (_, db) in sessions.items():
         with cr.use_db(str(db), cr.WorkDB.Mode.open) as wdb:
             everything += [(label(m, it), m, it.job_id) for it in wdb.pending_work_items]
     everything.sort(key=lambda row: (row[1], [int(x) for x in row[0].split(" ")[0].split(":")[1:]], row[0]))
     chosen = everything if sample is None else random.Random(seed).sample(everything, min(sample, len(everything)))
+    if only is not None:
+        missing = only - {name for name, _, _ in chosen}
+        if missing:
+            raise SystemExit(f"error: --survivors-of names mutants this source and draw do not have: "
+                             f"{sorted(missing)[:5]}; allowed: the same --sample/--seed/--module on the same source")
+        chosen = [row for row in chosen if row[0] in only]
+    chosen = chosen[part[0] - 1::part[1]]
     keep = {job for _, _, job in chosen}
     for m, (_, db) in sessions.items():
         drop = [job for _, mm, job in everything if mm == m and job not in keep]
@@ -233,7 +253,16 @@ def main(argv=None) -> int:
                     help="leave this test file out of every module's tests (repeatable): the kill rate without it")
     ap.add_argument("--list", action="store_true", help="print module -> test files and stop")
     ap.add_argument("--draw-only", action="store_true", help="list the sampled mutants and stop")
+    ap.add_argument("--survivors-of", type=Path, metavar="REPORT",
+                    help="run only the mutants that survived in this report.json (e.g. a run before new tests)")
+    ap.add_argument("--shard", type=shard, default=(1, 1), metavar="K/N",
+                    help="run the K-th of N slices of the drawn mutants (each in its own --workdir, one per core); "
+                         "--merge joins their reports")
+    ap.add_argument("--merge", nargs="+", type=Path, metavar="REPORT",
+                    help="join the report.json files of one draw's shards into one and print it; runs nothing")
     args = ap.parse_args(argv)
+    if args.merge:
+        return print_report(merge(args.merge), None)
     EXCLUDED.update(args.exclude_test)
     modules = core_modules(args.module)
     if args.list:
@@ -244,8 +273,16 @@ def main(argv=None) -> int:
     work = args.workdir
     tree, env = prepare(work, args.python)
     sessions = sessions_for(modules, work, tree, args, cr)
-    everything, chosen = draw(sessions, args.sample, args.seed, cr)
-    print(f"{len(chosen)} of {len(everything)} mutants (seed {args.seed}) in {len(modules)} module(s)", flush=True)
+    only = None
+    if args.survivors_of:
+        try:
+            only = {r["mutant"] for r in json.loads(args.survivors_of.read_text())["mutants"]
+                    if r["outcome"] == "survived"}
+        except (OSError, ValueError, KeyError) as err:
+            raise SystemExit(f"error: --survivors-of {args.survivors_of}: {err}; allowed: a report.json of this script")
+    everything, chosen = draw(sessions, args.sample, args.seed, cr, args.shard, only)
+    print(f"{len(chosen)} of {len(everything)} mutants (seed {args.seed}, shard {args.shard[0]}/{args.shard[1]}) in "
+          f"{len(modules)} module(s)", flush=True)
     if args.draw_only:
         print("\n".join(sorted(name for name, _, _ in chosen)))
         return 0
@@ -261,17 +298,52 @@ def main(argv=None) -> int:
     rows, per_module = outcomes(sessions, cr)
     killed = sum(t["killed"] for t in per_module.values())
     judged = sum(t["mutants"] - t["equivalent"] - t["not_run"] for t in per_module.values())
-    report = {"seed": args.seed, "sample": args.sample, "modules": modules, "excluded_tests": sorted(EXCLUDED), "mutants_total": len(everything),
+    report = {"seed": args.seed, "sample": args.sample, "shard": list(args.shard), "modules": modules,
+              "excluded_tests": sorted(EXCLUDED), "mutants_total": len(everything),
               "per_module": per_module, "killed": killed, "judged": judged,
               "kill_rate": killed / judged if judged else None, "seconds": round(time.time() - t0, 1),
               "mutants": rows}
     (work / "report.json").write_text(json.dumps(report, indent=1))
+    return print_report(report, work / "report.json")
+
+
+def merge(paths: list) -> dict:
+    """One report from the shards of one draw (same seed, sample, modules and exclusions; every shard once)."""
+    reports = []
+    for p in paths:
+        try:
+            reports.append(json.loads(Path(p).read_text()))
+        except (OSError, ValueError) as err:
+            raise SystemExit(f"error: --merge {p}: {err}; allowed: a report.json this script wrote")
+    keys = ("seed", "sample", "modules", "excluded_tests")
+    for p, r in zip(paths, reports):
+        if any(r.get(k) != reports[0].get(k) for k in keys):
+            raise SystemExit(f"error: --merge {p} is from another draw than {paths[0]} (its {', '.join(keys)} differ)")
+    shards = sorted(tuple(r.get("shard", (1, 1))) for r in reports)
+    if shards != [(k, shards[0][1]) for k in range(1, shards[0][1] + 1)]:
+        raise SystemExit(f"error: --merge: shards {shards}; allowed: each of 1/N .. N/N once")
+    per_module = {}
+    for r in reports:
+        for m, t in r["per_module"].items():
+            acc = per_module.setdefault(m, dict.fromkeys(t, 0))
+            for k, v in t.items():
+                acc[k] += v
+    killed = sum(r["killed"] for r in reports)
+    judged = sum(r["judged"] for r in reports)
+    return {**{k: reports[0][k] for k in keys}, "shards": len(reports), "mutants_total": reports[0]["mutants_total"],
+            "per_module": dict(sorted(per_module.items())), "killed": killed, "judged": judged,
+            "kill_rate": killed / judged if judged else None, "seconds": max(r["seconds"] for r in reports),
+            "mutants": sorted((row for r in reports for row in r["mutants"]), key=lambda row: row["mutant"])}
+
+
+def print_report(report: dict, where) -> int:
+    per_module, rows, killed, judged = report["per_module"], report["mutants"], report["killed"], report["judged"]
     for m, t in per_module.items():
         n = t["mutants"] - t["equivalent"] - t["not_run"]
         print(f"{m}: {t['killed']}/{n} killed ({t['killed'] / max(1, n):.0%}), {t['equivalent']} equivalent, "
               f"{t['not_run']} not run")
-    print(f"all: {killed}/{judged} killed ({report['kill_rate'] or 0:.1%}) in {report['seconds']} s; "
-          f"report: {work / 'report.json'}")
+    print(f"all: {killed}/{judged} killed ({report['kill_rate'] or 0:.1%}) in {report['seconds']} s"
+          + (f"; report: {where}" if where else ""))
     for r in rows:
         if r["outcome"] not in ("killed", "equivalent"):
             print(f"\n{r['outcome'].upper()} {r['mutant']}\n{r['diff']}")

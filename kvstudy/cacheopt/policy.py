@@ -58,7 +58,7 @@ from typing import Dict, List, Optional
 from kvstudy.cacheopt.allocation import allocate
 from kvstudy.cacheopt.preemption import choose_mode, victim_order
 from kvstudy.cacheopt.queue import DeadlineQueue
-from kvstudy.engine.states import DONE, ELSEWHERE, RUNNING, SWAPPED, WAITING
+from kvstudy.policies.request_states import DONE, ELSEWHERE, RUNNING, SWAPPED, WAITING
 from kvstudy.config.validate import check_group
 from kvstudy.errors import ConfigError
 from kvstudy.cacheopt.padding import adaptive_confidence, padded_output

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 from kvstudy.engine.states import DONE, REJECTED, RUNNING, SWAPPED, WAITING
-from kvstudy.memory.paged import NEVER
+from kvstudy.memory.base import NEVER
 from kvstudy.policies.step import RECOMPUTE, SWAP
 
 

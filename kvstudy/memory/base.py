@@ -23,6 +23,10 @@ from __future__ import annotations
 
 from typing import Iterable, Protocol, Tuple, runtime_checkable
 
+#: ``can_allocate`` / ``can_swap_in``'s answers (vLLM's ``AllocStatus``): the blocks are there now; they are not now
+#: but will be once others finish; they never will be (more than the cache has, less the watermark)
+OK, LATER, NEVER = "ok", "later", "never"
+
 
 @runtime_checkable
 class MemoryModel(Protocol):

@@ -43,7 +43,7 @@ from kvstudy.errors import ConfigError
 from kvstudy.memory.offload import from_config as offload_tiers
 from kvstudy.memory.prefix import BlockKeys, PrefixCache
 
-OK, LATER, NEVER = "ok", "later", "never"
+from kvstudy.memory.base import LATER, NEVER, OK
 
 
 class PagedMemory:

@@ -17,8 +17,7 @@ token; nothing is held per request), so the loop needs no branch per call.
 from __future__ import annotations
 
 from kvstudy.config.validate import check_group
-
-OK = "ok"
+from kvstudy.memory.base import OK
 
 
 class PaperMemory:

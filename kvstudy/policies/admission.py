@@ -45,7 +45,7 @@ import numpy as np
 from kvstudy.errors import ConfigError
 from kvstudy.policies.base import Policy, SchedulerView
 from kvstudy.policies.step import Decision, StepPolicy
-from kvstudy.engine.states import WAITING, PolicyError
+from kvstudy.policies.request_states import WAITING, PolicyError
 
 DECODE_ALL = Decision(decode_all=True)
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Dict, Optional
 
 from kvstudy.config.validate import check_group
-from kvstudy.memory.paged import LATER, NEVER
+from kvstudy.memory.base import LATER, NEVER
 from kvstudy.policies.step import RECOMPUTE, SWAP, Decision, StepView
 from kvstudy.policies.vllm import VLLM, _Plan
 

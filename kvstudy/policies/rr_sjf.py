@@ -41,8 +41,8 @@ from collections import deque
 from typing import Deque, List
 
 from kvstudy.config.validate import check_group
-from kvstudy.engine.states import RUNNING, SWAPPED, WAITING
-from kvstudy.memory.paged import LATER, NEVER, OK
+from kvstudy.policies.request_states import RUNNING, SWAPPED, WAITING
+from kvstudy.memory.base import LATER, NEVER, OK
 from kvstudy.policies.step import RECOMPUTE, Decision, StepView
 from kvstudy.policies.vllm import VLLM, _Plan
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 from typing import List, Optional
 
 from kvstudy.config.validate import check_group
-from kvstudy.memory.paged import LATER, NEVER
+from kvstudy.memory.base import LATER, NEVER
 from kvstudy.policies.cache_orders import LPM_MAX_QUEUE, ordered
 from kvstudy.policies.step import RECOMPUTE, Decision, StepPolicy, StepView
 

@@ -37,6 +37,8 @@ def _offload_rows(offload) -> list:
     tokens loaded and the loads' time (the summary's ``offload``, kvstudy/memory/offload.py ``summary``)."""
     if not offload:
         return []
+    if "tiers" not in offload:  # a user's connector (memory.connector): its summary as it gives it
+        return [("connector", ", ".join(f"{k} {v}" for k, v in offload.items()))]
     rows, looked = [], "tokens looked up" if "lookup_tokens" in offload else "prompt tokens"  # its hit rate's base
     for name, t in offload["tiers"].items():
         rows.append((f"{name} tier", f"hit rate {100 * t['hit_rate']:.1f}% of {looked}; read {t['read_blocks']:,} "

@@ -155,3 +155,63 @@ def test_iteration_rows_are_in_the_declared_columns(memory):
     assert bool(last.overflow) and last.cleared == 1 and last.kv_tokens_in_use == 30 and last.capacity == \
         memory.capacity_tokens
     assert np.issubdtype(table["overflow"].dtype, np.bool_)
+
+
+#: where implementations are chosen (issue 56): the only modules outside kvstudy/memory/ that may name them
+ASSEMBLY = {"kvstudy.running.assemble", "kvstudy.engine.assembly"}
+IMPLEMENTATIONS = {"kvstudy.memory.paged", "kvstudy.memory.prefix", "kvstudy.memory.offload"}
+
+
+def _outside_memory() -> dict:
+    return {name: path for name, path in _modules().items()
+            if not (name == "kvstudy.memory" or name.startswith("kvstudy.memory.")) and name not in ASSEMBLY}
+
+
+def test_nothing_outside_memory_imports_a_memory_implementation():
+    """Policies, cacheopt/, the engine, records and the driver see the memory through kvstudy/memory/base.py and
+    connector.py alone (issue 56); ``from kvstudy.memory import PagedMemory`` counts (the package re-exports them)."""
+    modules = _modules()
+    bad = {name: sorted(found) for name, path in _outside_memory().items()
+           if (found := _imports(path, modules, name) & (IMPLEMENTATIONS | {"kvstudy.memory"}))}
+    assert not bad, f"modules outside kvstudy/memory/ importing a memory implementation: {bad}"
+
+
+def _protocol_members() -> set:
+    from kvstudy.memory.base import MemoryModel, PrefixIndex
+    from kvstudy.memory.connector import KVConnector
+
+    out = set()
+    for proto in (MemoryModel, PrefixIndex, KVConnector):
+        out |= set(getattr(proto, "__annotations__", {})) | {k for k in vars(proto) if not k.startswith("_")}
+    return out
+
+
+def _implementation_attributes() -> set:
+    """Every public attribute a built-in memory, prefix cache or connector has during a run."""
+    from kvstudy.memory.connector import NoConnector
+    from kvstudy.memory.offload import OffloadConnector, OffloadTiers, Tier
+    from kvstudy.memory.prefix import NoPrefixIndex, PrefixCache
+
+    mem = PagedMemory(64, block_size=4, prefix_caching=True, offload={"host_gb": 1.0, "host_read_gbps": 1.0,
+                                                                      "host_write_gbps": 1.0})
+    mem.bind(2)
+    names = set(vars(mem)) | set(vars(mem.cache)) | set(vars(mem.connector)) | set(vars(mem.connector.pool))
+    for cls in (PagedMemory, type(mem), PaperMemory, OffloadConnector, OffloadTiers, Tier, PrefixCache, NoPrefixIndex,
+                NoConnector):
+        names |= {k for k in dir(cls) if not k.startswith("_")}
+    return {n for n in names if not n.startswith("_")}
+
+
+def test_nothing_outside_memory_reads_what_the_protocols_do_not_document():
+    """No ``<...memory>.x``, ``<...mem>.x``, ``<...connector>.x`` or ``<...cache>.x`` outside kvstudy/memory/ names an
+    attribute the built-in implementations have but kvstudy/memory/base.py's ``MemoryModel`` and ``PrefixIndex`` and
+    connector.py's ``KVConnector`` do not document (``memory.offload``, ``memory.host[i]``, ``mem.loaded`` were)."""
+    private = _implementation_attributes() - _protocol_members()
+    bad = []
+    for name, path in _outside_memory().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in private:
+                owner = ast.unparse(node.value)
+                if owner.rsplit(".", 1)[-1] in ("memory", "mem", "connector", "cache"):
+                    bad.append(f"{name}:{node.lineno} {owner}.{node.attr}")
+    assert not bad, f"implementation attributes read outside kvstudy/memory/: {bad}"

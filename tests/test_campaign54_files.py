@@ -24,17 +24,17 @@ def test_a_tiers_hit_rate_counts_hits_and_lookups_at_the_same_lookups_by_hand():
     """One host tier holding three blocks of 16 tokens. A request looks up 64 tokens and loads the three (48 tokens);
     preempted, it restarts and looks up its 66 tokens of context, loading the three again: 96 tokens loaded over
     64 + 66 = 130 looked up, 0.738. Counted against its prompt once (the old rule) it was 96 / 64 = 1.5."""
-    from kvstudy.memory.offload import OffloadTiers, OffloadView, Tier
+    from kvstudy.memory.offload import OffloadTiers, OffloadConnector, Tier
 
-    view = OffloadView(OffloadTiers([Tier("host", 1.0, 31.5, 31.5)], choice="load"))
-    view.bind(1000)
+    view = OffloadConnector(OffloadTiers([Tier("host", 1.0, 31.5, 31.5)], choice="load"))
+    view.bind(16, 1000)
     keys = ["a", "b", "c"]
-    view.put(keys[::-1])
+    view.save(keys[::-1])
     for tokens in (64, 66):
         view.looked_up(tokens)
-        assert view.plan(keys, 0, (tokens - 1) // 16, 16, tokens) == 3
-        view.load(keys, 0, 3)
-    summary = view.summary(16)
+        assert view.plan(keys, 0, (tokens - 1) // 16, tokens) == 3
+        view.load(0, keys, 0, 3)
+    summary = view.summary()
     assert (summary["lookups"], summary["lookup_tokens"]) == (2, 130)
     assert summary["tiers"]["host"]["read_blocks"] == 6
     assert summary["tiers"]["host"]["hit_rate"] == pytest.approx(96 / 130)

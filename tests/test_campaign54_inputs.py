@@ -300,7 +300,7 @@ def test_an_unset_environment_variable_in_the_run_folder_is_one_line(monkeypatch
 
 
 def test_a_shared_pool_on_a_node_without_profiles_is_one_line(tmp_path):
-    from kvstudy.memory.offload import network_reader
+    from kvstudy.costs.transfer import network_reader
 
     (tmp_path / "network" / "a100_dgx").mkdir(parents=True)
     with pytest.raises(ConfigError, match=r"memory.offload.shared=true reads the link between nodes from .*nope/"

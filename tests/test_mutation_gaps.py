@@ -11,7 +11,7 @@ from kvstudy.cacheopt.preemption import tbt_bucket, victim_order
 from kvstudy.costs.swap_models import PcieSwap
 from kvstudy.cluster.routers import LeastKV, LeastOutstanding, PowerOfTwo, PrefixAffinity
 from kvstudy.engine import PolicyError
-from kvstudy.memory.offload import OffloadTiers, OffloadView, Tier
+from kvstudy.memory.offload import OffloadTiers, OffloadConnector, Tier
 from kvstudy.policies.step import Decision, StepPolicy
 from kvstudy.policies.rr_sjf import SJF, QueuedVLLM, RoundRobin, RRSJF
 from kvstudy.policies.vllm import VLLM, Sarathi
@@ -92,9 +92,9 @@ def test_transfer_time_is_read_bandwidth_with_one_tier_or_two():
     alone or the first of two (the one-tier short way and the general count agree)."""
     keys = ["k0", "k1", "k2"]
     for tiers in ([Tier("disk", 1.0, 7.0, 5.0)], [Tier("host", 1.0, 7.0, 5.0), Tier("disk", 1.0, 2.0, 3.0)]):
-        view = OffloadView(OffloadTiers(tiers))
-        view.bind(1000)
-        view.put(keys)
+        view = OffloadConnector(OffloadTiers(tiers))
+        view.bind(16, 1000)
+        view.save(keys)
         assert view.pool.transfer_seconds(keys, 0, 3) == pytest.approx(3 * 1000 / 7e9, rel=1e-12)
 
 
@@ -103,11 +103,11 @@ def test_a_block_evicted_twice_is_touched_not_dropped_first():
     """A host tier of 3 one-byte blocks: the GPU evicts a, b, c (written, a least recent), then a again (the GPU had
     loaded and re-cached it: a block the tier holds already is touched, not written), then d: the least recently used
     is now b, which leaves; a stays. Written: 4 blocks (a once)."""
-    view = OffloadView(OffloadTiers([Tier("host", 3e-9, 1.0, 1.0)]))
-    view.bind(1)
-    view.put(["a", "b", "c"])
-    view.put(["a"])
-    view.put(["d"])
+    view = OffloadConnector(OffloadTiers([Tier("host", 3e-9, 1.0, 1.0)]))
+    view.bind(16, 1)
+    view.save(["a", "b", "c"])
+    view.save(["a"])
+    view.save(["d"])
     assert list(view.pool.tiers[0].blocks) == ["c", "a", "d"]
     assert view.written == [4]
     assert view.pool.match(["a"], 0, 1) == [0] and view.pool.match(["b"], 0, 1) == []
@@ -116,13 +116,13 @@ def test_a_block_evicted_twice_is_touched_not_dropped_first():
 def test_a_block_evicted_twice_moves_up_from_the_lower_tier():
     """Host of 2 blocks over a disk of 2: a, b, c evicted (a demoted to disk), then a again: written to the host
     (it leaves the disk: one tier at a time), which demotes b, the host's least recent; then d demotes c."""
-    view = OffloadView(OffloadTiers([Tier("host", 2e-9, 1.0, 1.0), Tier("disk", 2e-9, 1.0, 1.0)]))
-    view.bind(1)
-    view.put(["a", "b", "c"])
+    view = OffloadConnector(OffloadTiers([Tier("host", 2e-9, 1.0, 1.0), Tier("disk", 2e-9, 1.0, 1.0)]))
+    view.bind(16, 1)
+    view.save(["a", "b", "c"])
     assert [list(t.blocks) for t in view.pool.tiers] == [["b", "c"], ["a"]]
-    view.put(["a"])
+    view.save(["a"])
     assert [list(t.blocks) for t in view.pool.tiers] == [["c", "a"], ["b"]]
-    view.put(["d"])
+    view.save(["d"])
     assert [list(t.blocks) for t in view.pool.tiers] == [["a", "d"], ["b", "c"]]
     assert view.written == [5, 3]
 

@@ -10,8 +10,10 @@ from kvstudy.engine.assembly import build_engine
 from kvstudy.latency.models import LinearLatency
 from kvstudy.latency.tables import HardwareSpec
 from kvstudy.memory import PagedMemory
-from kvstudy.memory.offload import OffloadTiers, OffloadView, Tier, network_reader
-from kvstudy.memory.prefix import mooncake_segments, reusable_tokens
+from kvstudy.costs.transfer import network_reader
+from kvstudy.memory.offload import OffloadConnector, OffloadTiers, Tier
+from kvstudy.memory.prefix import reusable_tokens
+from kvstudy.workloads.trace import mooncake_segments
 from kvstudy.policies.vllm import VLLM
 from kvstudy.running.paths import PROFILES_DIR, SHARED_REFERENCE, load_model_arch
 from kvstudy.workloads.requests import make_requests
@@ -117,11 +119,11 @@ def test_a_loaded_prefix_keeps_its_head_longest():
     """Loads touch a chain tail first: after C loads A's three blocks and two more blocks arrive, a four-block tier
     drops block 2 and keeps 0 and 1, so A's prefix still matches two blocks (touching head first would drop block 0 and
     leave nothing that matches)."""
-    view = OffloadView(OffloadTiers([Tier("host", 4e-9, 1.0, 1.0)]))
-    view.bind(1)
-    view.put(["c2", "c1", "c0"])
-    view.load(["c0", "c1", "c2"], 0, 3)
-    view.put(["x", "y"])
+    view = OffloadConnector(OffloadTiers([Tier("host", 4e-9, 1.0, 1.0)]))
+    view.bind(16, 1)
+    view.save(["c2", "c1", "c0"])
+    view.load(0, ["c0", "c1", "c2"], 0, 3)
+    view.save(["x", "y"])
     assert view.pool.match(["c0", "c1", "c2"], 0, 3) == [0, 0]
 
 
@@ -139,12 +141,12 @@ def test_load_or_recompute_picks_the_cheaper(gbps, loaded):
 
 
 def test_tiers_unit():
-    view = OffloadView(OffloadTiers([Tier("host", 4e-9, 1.0, 1.0)]))
-    view.bind(1)  # one byte per block: capacity 4 blocks
-    view.put(["a", "b", "c", "d", "e"])
+    view = OffloadConnector(OffloadTiers([Tier("host", 4e-9, 1.0, 1.0)]))
+    view.bind(16, 1)  # one byte per block: capacity 4 blocks
+    view.save(["a", "b", "c", "d", "e"])
     assert list(view.pool.tiers[0].blocks) == ["b", "c", "d", "e"]  # a: least recently written, dropped
-    view.load(["b"], 0, 1)  # touched
-    view.put(["f"])
+    view.load(0, ["b"], 0, 1)  # touched
+    view.save(["f"])
     assert list(view.pool.tiers[0].blocks) == ["d", "e", "b", "f"]
     assert view.pool.match(["d", "e", "x", "b"], 0, 4) == [0, 0]
     assert view.written == [6] and view.read == [1]
@@ -168,11 +170,9 @@ def _cluster(shared: bool):
         policy.reset(k)
         engines.append(build_engine(reqs, output.copy(), policy, LinearLatency(D0, D1), memory, PcieSwap(), ARCH, HW,
                                     progress=False))
-    if shared:
-        pool = engines[0].memory.offload.pool
-        pool.remote_seconds = network_reader(NETWORK)
-        for k, engine in enumerate(engines):
-            engine.memory.offload.share(pool, k)
+    if shared:  # the pool's 1 GB twice (per GPU, two replicas): room for every block either way
+        assert engines[0].memory.connector.connect_replicas([e.memory.connector for e in engines],
+                                                            lambda: network_reader(NETWORK))
     router = RoundRobin()
     router.reset(0)
     results, routed = drive(engines, router, reqs.arrival_time.tolist())

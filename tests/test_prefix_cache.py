@@ -5,7 +5,8 @@ import random
 
 import pytest
 
-from kvstudy.memory.prefix import BlockKeys, PrefixCache, mooncake_segments, reusable_tokens
+from kvstudy.memory.prefix import BlockKeys, PrefixCache, reusable_tokens
+from kvstudy.workloads.trace import mooncake_segments
 from kvstudy.running.paths import SHARED_REFERENCE
 
 

@@ -9,7 +9,7 @@ import pytest
 from kvstudy import api
 from kvstudy.errors import ConfigError, DataError, KvStudyError
 from kvstudy.latency.tables import MIN_PREFILL_CHUNK, PredictorSettings
-from kvstudy.memory.prefix import mooncake_segments
+from kvstudy.workloads.trace import mooncake_segments
 from kvstudy.workloads.requests import MAX_TIME_S, make_requests
 from kvstudy.workloads.trace import trace
 

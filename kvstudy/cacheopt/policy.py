@@ -366,7 +366,7 @@ class CacheOPT(StepPolicy):
     def _need(self, view: StepView, i: int) -> int:
         """Tokens a waiting request's KV takes when it starts: its context (a swapped one: on the host)."""
         if view.state[i] == SWAPPED:
-            return view.memory.host[i] * view.memory.block_size
+            return view.memory.swapped_blocks(i) * view.memory.block_size
         return view.prompt[i] + view.waiting_generated[i]
 
     def _sync_queue(self, view: StepView) -> None:

@@ -32,7 +32,6 @@ from kvstudy.engine import records
 from kvstudy.errors import KvStudyError
 from kvstudy.engine.states import ELSEWHERE, REJECTED, EngineResult
 from kvstudy.engine.loop import IDLE
-from kvstudy.memory.offload import merged_summary
 
 
 class ReplicaView:
@@ -205,7 +204,7 @@ def merge(engines: Sequence, results: Sequence[EngineResult], routed: np.ndarray
     if "prefix_cache" in extra:
         extra["prefix_cache"] = records.prefix_summary(requests, iterations)
     if "offload" in extra:  # the replicas' tiers (or their shared pool), over every request
-        extra["offload"] = merged_summary([res.extra["offload"] for res in results], engines[0].memory.block_size,
+        extra["offload"] = engines[0].memory.connector.merged_summary([res.extra["offload"] for res in results],
                                           int(requests["offload_loaded_tokens"].sum()))
     if "cacheopt" in extra:  # CacheOPT's counters, over every replica's policy
         parts = [res.extra["cacheopt"] for res in results]

@@ -31,7 +31,8 @@ SEED_MAX = 2 ** 32 - 1
 
 @dataclass(frozen=True)
 class Key:
-    """One key's type and bounds. ``kind``: whole | number | flag | choice | text | list (of ``item``)."""
+    """One key's type and bounds. ``kind``: whole | number | flag | choice | text | list (of ``item``) | any (a value
+    the object built from it checks itself: a user's connector's settings)."""
 
     kind: str
     ge: Optional[float] = None
@@ -73,6 +74,8 @@ class Key:
             base = Annotated[StrictStr, Field(min_length=1)]
         elif self.kind == "list":
             base = Annotated[List[self.item.annotation()], Field(min_length=1)]
+        elif self.kind == "any":
+            return Any
         else:
             raise ValueError(f"unknown kind {self.kind}")
         if self.auto:
@@ -114,6 +117,8 @@ class Key:
             return ", ".join(_show(c) for c in self.choices)
         if self.kind == "text":
             return f"{self.what} (text; quote a number: '123')"
+        if self.kind == "any":
+            return "any value its class takes"
         return f"a list of {self.item.core().replace('a whole number', 'whole numbers')}, e.g. [1]"
 
     def wrap(self, core: str) -> str:
@@ -327,7 +332,11 @@ SCHEMA: Dict[str, Group] = {
                                            ("write_gbps", number(gt=0.0, le=1e5, unit="GB/s per GPU")))},
                                        "offload.load": choice("blocking", "overlapped"),
                                        "offload.choice": choice("auto", "load", "recompute"),
-                                       "offload.shared": flag()},
+                                       "offload.shared": flag(),
+                                       # a KV connector of the user's (kvstudy/memory/connector.py): its class
+                                       # (``_target_``) and the settings its constructor takes and checks
+                                       # (kvstudy/running/assemble.py's build_memory names a failure in one line)
+                                       "connector.*": Key("any")},
     }),
     "swap": Group({"name": NAME, "overlap": flag()}, by="_target_", options={
         "kvstudy.costs.swap_models.PcieSwap": {"efficiency": number(gt=0.0, le=1.0),

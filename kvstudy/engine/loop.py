@@ -144,13 +144,13 @@ class StepEngine:
             raise KvStudyError(f"memory={mem.name} needs the model and hardware (host space, copy sizes)")
         if mem.prefix_caching:
             mem.set_segments(r.segments)
-        # KV offload tiers (kvstudy/memory/offload.py): their loads are timed with each iteration (``_time``); a
-        # prefix found in a tier is loaded or recomputed by the latency model's prefill time of it
-        self.offload = getattr(mem, "offload", None)
-        if self.offload is not None:
-            self.offload.num_layers = max(1, self.arch.num_layers // self.hw.pipeline_parallel)
+        # the KV connector (kvstudy/memory/connector.py): its loads are timed with each iteration (``_time``); it may
+        # weigh a load against the latency model's prefill time of those tokens
+        self.connector = mem.connector
+        if self.arch is not None:
             seconds = self.seconds
-            self.offload.recompute_seconds = lambda tokens, context: seconds([(tokens, context)], 0, 0, 0)
+            self.connector.set_timing(self.arch.num_layers // self.hw.pipeline_parallel,
+                                      lambda tokens, context: seconds([(tokens, context)], 0, 0, 0))
         own_order = self.adapted or bool(getattr(self.policy, "own_queue_order", False))
         self.state = st = RunState(r, self.predicted, self.paper, mem.block_size if mem.tracks_blocks else 0,
                                    mem.gpu, own_queue_orders=own_order)
@@ -558,9 +558,8 @@ class StepEngine:
             gen_sum = ctx_now + n_dec - st.decode_prompt_tokens
         else:
             gen_sum = sum(st.clock.tokens[i] for i in d.decode) if d.decode and self.needs_generated else 0
-        compute = self.seconds(batch.chunks, n_dec, ctx_now, gen_sum)
-        if self.offload is not None:  # the loads its prefills started: waited for, or layer by layer
-            compute = self.offload.iteration_seconds(compute)
+        # the connector's loads its prefills started: waited for, or layer by layer
+        compute = self.connector.iteration_seconds(self.seconds(batch.chunks, n_dec, ctx_now, gen_sum))
         swap_s = batch.swap_seconds
         return max(compute, swap_s) if self.overlap else compute + swap_s
 

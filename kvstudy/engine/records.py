@@ -184,20 +184,21 @@ def paged_result(engine, rows: PagedRows, status, message, clearing: int) -> Eng
     result.extra = {"memory": mem.describe(), "swap": engine.swap.describe()}
     if mem.prefix_caching:
         result.extra["prefix_cache"] = prefix_summary(requests, iterations)
-    if getattr(mem, "offload", None) is not None:
-        _offload_records(st, mem, requests, result)
+    if mem.connector.summary() is not None:
+        _connector_records(st, mem.connector, requests, result)
     return result
 
 
-def _offload_records(st, mem, requests: pd.DataFrame, result: EngineResult) -> None:
-    """KV offload tiers (kvstudy/memory/offload.py): per request ``offload_loaded_tokens`` (prompt tokens its
-    prefills loaded from a tier), per run ``offload`` (each tier's blocks, bytes and hit rate)."""
+def _connector_records(st, connector, requests: pd.DataFrame, result: EngineResult) -> None:
+    """A KV connector's (kvstudy/memory/connector.py; the offload tiers: kvstudy/memory/offload.py): per request
+    ``offload_loaded_tokens`` (prompt tokens its prefills loaded through it), per run ``offload`` (its summary: the
+    tiers' blocks, bytes and hit rates)."""
     order = np.argsort(st.requests.request_id, kind="stable")
     loaded = np.zeros(st.n, dtype=np.int64)
-    for i, tokens in mem.loaded.items():
+    for i, tokens in connector.loaded_tokens().items():
         loaded[i] = tokens
     requests["offload_loaded_tokens"] = loaded[order]
-    result.extra["offload"] = {**mem.offload.summary(mem.block_size), "loaded_tokens": int(loaded.sum())}
+    result.extra["offload"] = {**connector.summary(), "loaded_tokens": int(loaded.sum())}
 
 
 def _prefix_records(st, rows: PagedCacheRows, requests: pd.DataFrame, iterations: pd.DataFrame) -> None:

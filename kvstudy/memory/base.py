@@ -21,11 +21,36 @@ reads the queries through ``view.memory`` and never changes anything.
 """
 from __future__ import annotations
 
-from typing import Iterable, Protocol, Tuple, runtime_checkable
+from typing import TYPE_CHECKING, Hashable, Iterable, Optional, Protocol, Sequence, Tuple, runtime_checkable
+
+if TYPE_CHECKING:
+    from kvstudy.memory.connector import KVConnector
 
 #: ``can_allocate`` / ``can_swap_in``'s answers (vLLM's ``AllocStatus``): the blocks are there now; they are not now
 #: but will be once others finish; they never will be (more than the cache has, less the watermark)
 OK, LATER, NEVER = "ok", "later", "never"
+
+
+@runtime_checkable
+class PrefixIndex(Protocol):
+    """The prefix cache's index of cached blocks as a policy may read it (``memory.cache``; SGLang's
+    ``BasePrefixCache``). kvstudy/memory/prefix.py's ``PrefixCache`` is the one with a cache; its ``NoPrefixIndex`` is
+    "no cache" (nothing cached, nobody shares), so a policy never tests for ``None``. Keys are block keys
+    (``MemoryModel.keys``): equal keys are equal KV."""
+
+    #: with ``track_users()``: keyed block in use -> the requests holding it (None until asked for)
+    users: Optional[dict]
+    #: with ``track_users()``: the keys two or more running requests hold (a dict used as an ordered set)
+    multi: dict
+    #: a counter that changes whenever ``multi`` or its keys' holders change (a policy's memo key)
+    multi_version: int
+
+    def hit(self, keys: Sequence[Hashable], most: Optional[int] = None) -> int:
+        """How many of ``keys``, from the first, are cached (in use or evictable), at most ``most``."""
+
+    def track_users(self) -> None:
+        """Keep ``users`` and ``multi`` from now on (they cost a little per block; MC-SF's prefix-aware eq. (5) reads
+        them)."""
 
 
 @runtime_checkable
@@ -58,6 +83,12 @@ class MemoryModel(Protocol):
     gpu: dict  #: request -> blocks it holds (shared ones included)
     loans: dict  #: guest -> (host, blocks) lent to it (CacheOPT's embedding)
 
+    #: the prefix cache's index (``PrefixIndex`` above): what is cached and who shares it; "no cache" without caching
+    cache: PrefixIndex
+    #: the KV connector (kvstudy/memory/connector.py): what moves KV between this GPU and elsewhere (the offload
+    #: tiers, a user's store); ``NoConnector`` when nothing does. The engine times its loads; records read its summary
+    connector: "KVConnector"
+
     # --- set-up ---
     def bind(self, kv_bytes_per_token_per_gpu: int) -> None:
         """Start a run: size the host space for one GPU's KV bytes per token and clear every counter."""
@@ -88,6 +119,9 @@ class MemoryModel(Protocol):
 
     def host_has_room(self, blocks: int) -> bool:
         """Can ``blocks`` more be swapped out to the host?"""
+
+    def swapped_blocks(self, i: int) -> int:
+        """Blocks swapped-out request i holds in host swap space (0 when it holds none)."""
 
     def swap_in_blocks(self, i: int, context_tokens: int) -> int:
         """Blocks swapped-out request i holds once back on the GPU to decode with ``context_tokens`` of context."""

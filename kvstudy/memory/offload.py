@@ -59,7 +59,7 @@ class Tier:
 
 class OffloadTiers:
     """The tiers of one memory, or one pool the replicas of a cluster share (``shared``: Mooncake's store); each
-    memory reaches it through its own :class:`OffloadView` (its replica's loads, counters and clock)."""
+    memory reaches it through its own :class:`OffloadConnector` (its replica's loads, counters and clock)."""
 
     def __init__(self, tiers: Sequence[Tier], load: str = "blocking", choice: str = "auto",
                  shared: bool = False) -> None:
@@ -161,20 +161,30 @@ class OffloadTiers:
         return local + (self.remote_seconds(remote * b) if remote else 0.0)
 
 
-class OffloadView:
-    """One memory's way to the tiers (its own, or a pool shared by replicas): what its replica wrote, loaded and
-    waits for."""
+class OffloadConnector:
+    """The offload tiers as one memory's KV connector (kvstudy/memory/connector.py's ``KVConnector``): its own tiers,
+    or a pool shared by replicas; what its replica wrote, loaded and waits for."""
+
+    name = "offload"
+    saves = True  # the GPU's evicted blocks are written to the first tier
 
     def __init__(self, pool: OffloadTiers, replica: int = 0) -> None:
         self.pool, self.replica = pool, replica
-        #: ``(tokens, context) -> seconds``: the latency model's prefill of ``tokens`` past ``context`` (the engine sets
-        #: it: kvstudy/engine/loop.py); used by ``choice=auto``
+        #: ``(tokens, context) -> seconds``: the latency model's prefill of ``tokens`` past ``context`` (the engine
+        #: gives it: ``set_timing``); used by ``choice=auto``
         self.recompute_seconds: Optional[Callable[[int, int], float]] = None
         self.num_layers = 1
+        self.block_size = 1
         self._counters()
+
+    def set_timing(self, num_layers: int, recompute_seconds: Callable[[int, int], float]) -> None:
+        """The layers one GPU runs (the overlapped load's pipeline) and the latency model's prefill seconds
+        (``choice=auto``)."""
+        self.num_layers, self.recompute_seconds = max(1, int(num_layers)), recompute_seconds
 
     def _counters(self) -> None:
         n = len(self.pool.tiers)
+        self.loaded: Dict[int, int] = {}  # request -> prompt tokens loaded from a tier (all its prefills)
         self.written, self.read = [0] * n, [0] * n
         self.remote_blocks = 0
         self.pending_seconds = 0.0  # loads started in the iteration being formed
@@ -185,9 +195,10 @@ class OffloadView:
         self.lookups = 0
         self.lookup_tokens = 0
 
-    def bind(self, block_bytes_per_gpu: int) -> None:
+    def bind(self, block_size: int, block_bytes_per_gpu: int) -> None:
         """A run starts: this replica's counters cleared; its own tiers emptied (a shared pool by replica 0, which the
         cluster driver starts first)."""
+        self.block_size = int(block_size)
         if not self.pool.shared or self.replica == 0:
             self.pool.reset(block_bytes_per_gpu)
         self._counters()
@@ -197,7 +208,22 @@ class OffloadView:
         self.pool, self.replica = pool, replica
         self._counters()
 
-    def put(self, keys: Sequence[Hashable]) -> None:
+    def connect_replicas(self, connectors: Sequence["OffloadConnector"], link: Callable[[], Callable[[float], float]]) \
+            -> bool:
+        """``shared``: one pool for every replica (Mooncake's store), every tier's size times the replicas
+        (``memory.offload.*_gb`` is per GPU), a block another node wrote read over ``link()``; returns True then (the
+        replicas see each other's writes)."""
+        pool = self.pool
+        if not pool.shared:
+            return False
+        pool.remote_seconds = link()
+        for tier in pool.tiers:
+            tier.capacity_gb *= len(connectors)
+        for k, connector in enumerate(connectors):
+            connector.share(pool, k)
+        return True
+
+    def save(self, keys: Sequence[Hashable]) -> None:
         """The GPU's prefix cache evicted these blocks: written to the first tier (and what it demotes, to the next)."""
         tiers = self.pool.tiers
         before = [t.written_blocks for t in tiers]
@@ -205,7 +231,7 @@ class OffloadView:
         for k, t in enumerate(tiers):
             self.written[k] += t.written_blocks - before[k]
 
-    def plan(self, keys: Sequence[Hashable], hit: int, most: int, block_size: int, tokens: int) -> int:
+    def plan(self, keys: Sequence[Hashable], hit: int, most: int, tokens: int) -> int:
         """Blocks past the GPU's ``hit`` to load, for a prefill of ``tokens`` tokens (0: none found, or recomputing
         is chosen: module docstring). ``auto`` weighs the transfer against what those tokens add to the request's own
         prefill (its time with them minus without them: the marginal cost, not a standalone iteration's)."""
@@ -215,8 +241,9 @@ class OffloadView:
             return 0
         if pool.choice == "auto":
             if self.recompute_seconds is None:
-                raise RuntimeError("memory.offload.choice=auto needs the latency model: the engine sets "
-                                   "recompute_seconds when a run starts (kvstudy/engine/loop.py)")
+                raise RuntimeError("memory.offload.choice=auto needs the latency model: the engine gives it "
+                                   "(set_timing) when a run starts (kvstudy/engine/loop.py)")
+            block_size = self.block_size
             n = len(levels) * block_size
             rest = max(1, tokens - hit * block_size - n)  # the prefill computes these anyway
             recompute = (self.recompute_seconds(rest + n, hit * block_size)
@@ -225,10 +252,11 @@ class OffloadView:
                 return 0
         return len(levels)
 
-    def load(self, keys: Sequence[Hashable], start: int, count: int) -> float:
-        """``keys[start:start+count]`` are read into the GPU: their tiers touched (LRU: to the end, in order), the
-        time added to the iteration's loads; returns the seconds."""
+    def load(self, i: int, keys: Sequence[Hashable], start: int, count: int) -> float:
+        """Request i's ``keys[start:start+count]`` are read into the GPU: their tiers touched (LRU: to the end, in
+        order), the time added to the iteration's loads; returns the seconds."""
         pool = self.pool
+        self.loaded[i] = self.loaded.get(i, 0) + count * self.block_size
         seconds = pool.transfer_seconds(keys, start, count, self.replica)
         chunk = keys[start:start + count]
         levels = [pool.level(key) for key in chunk] if len(pool.tiers) > 1 else None
@@ -270,17 +298,20 @@ class OffloadView:
         return max(compute, load) + min(compute, load) / self.num_layers
 
     # --- records --------------------------------------------------------------------------------------------------
+    def loaded_tokens(self) -> Dict[int, int]:
+        return self.loaded
+
     def describe(self) -> dict:
         pool = self.pool
         return {"tiers": [{"name": t.name, "capacity_gb": t.capacity_gb, "read_gbps": t.read_gbps,
                            "write_gbps": t.write_gbps} for t in pool.tiers],
                 "load": pool.load_mode, "choice": pool.choice, "shared": pool.shared}
 
-    def summary(self, block_size: int) -> dict:
+    def summary(self) -> dict:
         """This replica's: per tier, blocks written and read (and their bytes), its hit rate (tokens loaded from it
         / tokens looked up, both counted at every prefill start: ``looked_up``), and the blocks the tier holds at the
         end (the pool's)."""
-        pool, b = self.pool, self.pool.block_bytes
+        pool, b, block_size = self.pool, self.pool.block_bytes, self.block_size
         return {"tiers": {t.name: {"blocks": len(t.blocks), "written_blocks": self.written[k],
                                    "written_bytes": self.written[k] * b, "read_blocks": self.read[k],
                                    "read_bytes": self.read[k] * b,
@@ -290,10 +321,14 @@ class OffloadView:
                 "recomputed_blocks": self.recomputed_blocks, "load": pool.load_mode, "choice": pool.choice,
                 "shared": pool.shared}
 
+    def merged_summary(self, parts: Sequence[dict], loaded_tokens: int) -> dict:
+        """The replicas' summaries as one (``merged_summary``)."""
+        return merged_summary(parts, self.block_size, loaded_tokens)
+
 
 def hit_rate(read_blocks: int, block_size: int, lookup_tokens: int) -> float:
     """A tier's hit rate: tokens loaded from it / tokens looked up, both counted at the same prefill starts
-    (``OffloadView.looked_up``; docs/prefix_caching.md, "Offload records"). A lookup loads at most
+    (``OffloadConnector.looked_up``; docs/prefix_caching.md, "Offload records"). A lookup loads at most
     ``(tokens - 1) // block_size`` blocks from all tiers together, so the rates of a run's tiers sum to at most 1."""
     return read_blocks * block_size / lookup_tokens if lookup_tokens else 0.0
 
@@ -317,7 +352,7 @@ def merged_summary(parts: Sequence[dict], block_size: int, loaded_tokens: int) -
             "recomputed_blocks": sum(p["recomputed_blocks"] for p in parts), "loaded_tokens": loaded_tokens}
 
 
-def from_config(offload: Optional[dict]) -> Optional[OffloadView]:
+def from_config(offload: Optional[dict]) -> Optional[OffloadConnector]:
     """``memory.offload`` (a mapping: ``host_gb``, ``host_read_gbps``, ``host_write_gbps``, the same for ``disk``,
     ``load``, ``choice``, ``shared``), or None: no tiers (no mapping, or neither size given: then the memory is the
     prefix cache alone, exactly). A tier is present when its size is given (1e9 GB: unlimited for any run). The memory's own tiers; a cluster with ``shared`` gives its replicas one pool instead
@@ -333,37 +368,4 @@ def from_config(offload: Optional[dict]) -> Optional[OffloadView]:
                              f"(GB/s) for a {t.name} tier of {t.capacity_gb} GB")
     pool = OffloadTiers(tiers, load=offload.get("load", "blocking"), choice=offload.get("choice", "auto"),
                         shared=bool(offload.get("shared", False)))
-    return OffloadView(pool)
-
-
-def network_reader(send_recv_csv) -> Callable[[float], float]:
-    """``bytes -> seconds`` of one transfer between two nodes, from a Vidur-schema ``send_recv.csv`` (its rows between
-    nodes, devices_per_node 1: the link a shared pool's remote reads cross), interpolated in log size; beyond the
-    largest size profiled, at the bandwidth of the largest transfer."""
-    import numpy as np
-    import pandas as pd
-
-    from pathlib import Path
-
-    from kvstudy.errors import ConfigError
-
-    if not Path(send_recv_csv).is_file():  # hardware.node naming no profile: said in one line (a shared pool reads it)
-        there = sorted(p.parent.name for p in Path(send_recv_csv).parent.parent.glob("*/send_recv.csv"))
-        raise ConfigError(f"memory.offload.shared=true reads the link between nodes from {send_recv_csv}: no such file "
-                          f"(hardware.node names no network profile there); allowed: a node with one there "
-                          f"({', '.join(there) or 'none'}), or hardware.profiles.network_dir=<folder with "
-                          f"send_recv.csv>")
-    df = pd.read_csv(send_recv_csv)
-    rows = df[df["devices_per_node"] == 1] if (df["devices_per_node"] == 1).any() else df
-    rows = rows.groupby("size", as_index=False)["time_stats.send_recv.median"].median().sort_values("size")
-    size, ms = rows["size"].to_numpy(float), rows["time_stats.send_recv.median"].to_numpy(float)
-    log_size = np.log(size)
-
-    def seconds(nbytes: float) -> float:
-        if nbytes <= 0:
-            return 0.0
-        if nbytes >= size[-1]:
-            return float(ms[-1] * nbytes / size[-1]) / 1e3
-        return float(np.interp(np.log(nbytes), log_size, ms)) / 1e3
-
-    return seconds
+    return OffloadConnector(pool)

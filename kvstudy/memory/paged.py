@@ -40,8 +40,9 @@ from typing import Dict, Optional
 
 from kvstudy.config.validate import check_group
 from kvstudy.errors import ConfigError
+from kvstudy.memory.connector import KVConnector, NoConnector
 from kvstudy.memory.offload import from_config as offload_tiers
-from kvstudy.memory.prefix import BlockKeys, PrefixCache
+from kvstudy.memory.prefix import BlockKeys, NoPrefixIndex, PrefixCache
 
 from kvstudy.memory.base import LATER, NEVER, OK
 
@@ -64,7 +65,8 @@ class PagedMemory:
 
     def __init__(self, capacity_tokens: int, block_size: int = 16, watermark: float = 0.01,
                  swap_space_gb: float = 4.0, decode_block_check: str = "vllm", name: str = "paged",
-                 prefix_caching: bool = False, offload: Optional[dict] = None) -> None:
+                 prefix_caching: bool = False, offload: Optional[dict] = None,
+                 connector: Optional[KVConnector] = None) -> None:
         # every value against its declaration in kvstudy/config/schema.py (one place), then the rule between two
         check_group("memory", {"_target_": "kvstudy.memory.PagedMemory", "capacity_tokens": capacity_tokens,
                                "block_size": block_size, "watermark": watermark, "swap_space_gb": swap_space_gb,
@@ -73,18 +75,25 @@ class PagedMemory:
         if offload and not prefix_caching:
             raise ConfigError("memory.offload: the tiers hold the prefix cache's evicted blocks; allowed with "
                               "memory.prefix_caching=true only (memory=paged_offload sets both)")
-        #: the KV offload tiers behind the prefix cache (kvstudy/memory/offload.py), or None
+        if connector is not None and offload_tiers(dict(offload) if offload else None) is not None:
+            raise ConfigError("memory.connector and memory.offload both move the prefix cache's blocks; allowed: "
+                              "one of them (memory.offload.host_gb=null and disk_gb=null, or memory.connector=null)")
+        if connector is not None and not prefix_caching:
+            raise ConfigError("memory.connector: a connector moves the prefix cache's blocks (keyed by content); "
+                              "allowed with memory.prefix_caching=true only")
+        #: the KV connector (kvstudy/memory/connector.py): the offload tiers behind the prefix cache
+        #: (kvstudy/memory/offload.py), a user's own, or ``NoConnector``
         try:
-            self.offload = offload_tiers(dict(offload) if offload else None)
+            self.connector = connector or offload_tiers(dict(offload) if offload else None) or NoConnector()
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         if int(capacity_tokens) < block_size:
             raise ConfigError(f"memory.capacity_tokens={capacity_tokens}: less than one block of "
                               f"memory.block_size={block_size} tokens")
         #: vLLM's automatic prefix caching (module docstring): True only on a ``PrefixCachingMemory``, whose ``cache``
-        #: holds the bookkeeping during a run (None here: no cache)
+        #: holds the bookkeeping during a run (``NoPrefixIndex`` here: no cache)
         self.prefix_caching = prefix_caching
-        self.cache = None
+        self.cache = NoPrefixIndex()
         self.segments = None
         #: when a running request may decode (vLLM's and Vidur's policies read it): ``boundary``, only a request
         #: crossing a block boundary needs a free block; ``vllm``, every decode needs one free block at its turn, as
@@ -161,6 +170,9 @@ class PagedMemory:
         if self.num_blocks < need:
             return NEVER
         return OK if free - need >= self.watermark_blocks else LATER
+
+    def swapped_blocks(self, i: int) -> int:
+        return self.host.get(i, 0)
 
     def swap_in_blocks(self, i: int, context_tokens: int) -> int:
         """GPU blocks request i holds once swapped back in to decode: its blocks on the host, or more if its next
@@ -269,7 +281,7 @@ class PagedMemory:
                 "num_blocks": self.num_blocks, "watermark_blocks": self.watermark_blocks,
                 "swap_space_gb": self.swap_space_gb, "host_blocks": self.host_blocks_total,
                 **({"prefix_caching": True} if self.prefix_caching else {}),
-                **({"offload": self.offload.describe()} if self.offload is not None else {})}
+                **({"offload": self.connector.describe()} if self.connector.describe() else {})}
 
     def __repr__(self) -> str:
         return f"PagedMemory({self.num_blocks} blocks of {self.block_size}, watermark {self.watermark_blocks})"
@@ -287,10 +299,11 @@ class PrefixCachingMemory(PagedMemory):
         super().bind(kv_bytes_per_token_per_gpu)
         self.cache = PrefixCache(self.num_blocks)
         self._keys, self._memo = BlockKeys(self.block_size), {}
-        self.loaded: Dict[int, int] = {}  # request -> prompt tokens loaded from an offload tier (all its prefills)
-        if self.offload is not None:
-            self.offload.bind(self.block_bytes_per_gpu)
-            self.cache.on_evict = self.offload.put
+        self.connector.bind(self.block_size, self.block_bytes_per_gpu)
+        #: the connector supplies or takes blocks (the offload tiers, a user's); False: the prefix cache alone, exactly
+        self._external = type(self.connector) is not NoConnector
+        if self.connector.saves:
+            self.cache.on_evict = self.connector.save
 
     def set_segments(self, segments) -> None:
         super().set_segments(segments)
@@ -346,8 +359,8 @@ class PrefixCachingMemory(PagedMemory):
         tier holds, if they would be loaded)."""
         keys, most = self.keys(i, tokens), (tokens - 1) // self.block_size
         hit = self.cache.hit(keys, most)
-        if self.offload is not None:
-            hit += self.offload.plan(keys, hit, most, self.block_size, tokens)
+        if self._external:
+            hit += self.connector.plan(keys, hit, most, tokens)
         return hit * self.block_size
 
     def start_blocks(self, i: int, tokens: int, dropped=()) -> int:
@@ -361,8 +374,9 @@ class PrefixCachingMemory(PagedMemory):
         skips. The engine then caches the blocks each chunk fills as it schedules it (``advance``; vLLM v1 caches at
         scheduling)."""
         blocks = self.gpu[i] = self.blocks(tokens)
-        if self.offload is not None:  # every start is a lookup of its tokens, for the tiers' hit rates (a miss too)
-            self.offload.looked_up(tokens)
+        connector = self.connector
+        if self._external:  # every start is a lookup of its tokens, for the hit rates (a miss too)
+            connector.looked_up(tokens)
         if self._segments(i) is None:  # it shares nothing: blocks of its own, nothing to look up
             self._take(i, blocks)
             return 0
@@ -370,29 +384,29 @@ class PrefixCachingMemory(PagedMemory):
         self._memo.pop(i, None)
         bs = self.block_size
         most = (tokens - 1) // bs
-        if self.offload is None:
+        if not self._external:
             hit = self.cache.acquire(i, keys, blocks, most, upto=0)
             self.used = self.cache.used
             return hit * bs
-        # the blocks after the GPU's hit a tier holds are loaded (or recomputed) as found before this allocation:
-        # what the allocation evicts reaches the tiers after the lookup (what cached_tokens promised is what it gets)
+        # the blocks after the GPU's hit the connector holds are loaded (or recomputed) as found before this
+        # allocation: what the allocation evicts reaches it after the lookup (what cached_tokens promised is what it
+        # gets)
         evicted: list = []
         self.cache.on_evict = evicted.extend
         try:
             hit = self.cache.acquire(i, keys, blocks, most, upto=0)
         finally:
-            self.cache.on_evict = self.offload.put
+            self.cache.on_evict = connector.save if connector.saves else None
         self.used = self.cache.used
-        load = self.offload.plan(keys, hit, most, bs, tokens)
+        load = connector.plan(keys, hit, most, tokens)
         if load:
-            self.offload.load(keys, hit, load)
+            connector.load(i, keys, hit, load)
             self.cache.advance(i, hit + load)  # their KV is here: cached as the request's computed blocks
-            self.loaded[i] = self.loaded.get(i, 0) + load * bs
             hit += load
         else:
-            self.offload.skipped(keys, hit, most)
-        if evicted:
-            self.offload.put(evicted)
+            connector.skipped(keys, hit, most)
+        if evicted and connector.saves:
+            connector.save(evicted)
         return hit * bs
 
     def advance(self, i: int, computed: int) -> None:

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from kvstudy.config.validate import check_group
 from kvstudy.memory.base import OK
+from kvstudy.memory.connector import NoConnector
+from kvstudy.memory.prefix import NoPrefixIndex
 
 
 class PaperMemory:
@@ -30,6 +32,9 @@ class PaperMemory:
     #: False: KV is counted in aggregate; admissions are not checked against capacity (over-commitment possible)
     tracks_blocks = False
     prefix_caching = False
+    #: nothing outside the GPU (kvstudy/memory/connector.py): the paper's memory moves no KV
+    connector = NoConnector()
+    cache = NoPrefixIndex()  # no prefix cache (kvstudy/memory/base.py's PrefixIndex)
     block_size = 1
     watermark_blocks = 0
     used = 0
@@ -80,6 +85,9 @@ class PaperMemory:
 
     def swap_in(self, i: int) -> int:
         raise NotImplementedError("memory=paper never swaps (modes: recompute)")
+
+    def swapped_blocks(self, i: int) -> int:
+        return 0
 
     def swap_in_blocks(self, i: int, context_tokens: int) -> int:
         return 0

@@ -99,6 +99,21 @@ class LruKeys:
         return gone
 
 
+class NoPrefixIndex:
+    """"No cache" (kvstudy/memory/base.py's ``PrefixIndex``; SGLang's ``ChunkCache``): nothing cached, nobody
+    shares."""
+
+    users = None
+    multi: dict = {}
+    multi_version = 0
+
+    def hit(self, keys, most=None) -> int:
+        return 0
+
+    def track_users(self) -> None:
+        raise ValueError("no prefix cache: nothing is shared (memory.prefix_caching=false)")
+
+
 class PrefixCache:
     def __init__(self, num_blocks: int) -> None:
         if num_blocks < 1:
@@ -349,19 +364,13 @@ class BlockKeys:
         return keys
 
 
-def mooncake_segments(hash_ids: Sequence[int], prompt_tokens: int, trace_block: int = 512) -> List[Segment]:
-    """Mooncake's ``hash_ids`` (one per ``trace_block``-token block of the prompt, chained as a prefix) as segments:
-    each id a segment of ``trace_block`` tokens, the last one the prompt's remainder (a partial block is its own
-    content: never shared with a longer block of the same id)."""
-    return [(int(h), min(trace_block, int(prompt_tokens) - t * trace_block)) for t, h in enumerate(hash_ids)
-            if t * trace_block < prompt_tokens]
-
-
 def lru_hit_rate(hash_ids_list: Sequence[Sequence[int]], prompts: Sequence[int], outputs: Sequence[int],
                  num_blocks: int, block_size: int = 16, trace_block: int = 512) -> float:
     """The cache alone, before any scheduler: the share of prompt tokens an LRU block cache of ``num_blocks`` blocks
     serves if the requests run one at a time in their order, each holding its blocks (prompt + output) only while it
     runs (bench/prefix_hits.py, notebook 05)."""
+    from kvstudy.workloads.trace import mooncake_segments  # a trace's ids as segments (the workload's reading)
+
     cache, make, hit, total = PrefixCache(num_blocks), BlockKeys(block_size), 0, 0
     for i, (ids, prompt, output) in enumerate(zip(hash_ids_list, prompts, outputs)):
         blocks = min(-(-(prompt + output) // block_size), num_blocks)

@@ -237,7 +237,7 @@ class Admission(StepPolicy):
             raise ConfigError(f"policy '{self.name}': policy.admission=authors_code checks memory in tokens as the "
                               f"MC-SF authors' scripts do; memory=paged counts blocks: use admission=paper there")
         if getattr(self.policy, "prefix_aware", False):
-            if getattr(sv.memory, "cache", None) is None:
+            if not sv.memory.prefix_caching:
                 raise ConfigError(f"policy '{self.name}': policy.prefix_aware=true weighs shared prefix blocks; it needs "
                                   f"memory.prefix_caching=true (memory=paged_prefix)")
             if sv.memory.cache.users is None:

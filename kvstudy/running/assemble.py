@@ -27,7 +27,8 @@ from kvstudy.engine.states import EngineResult
 from kvstudy.errors import ConfigError, KvStudyError
 from kvstudy.latency.models import profile_files
 from kvstudy.latency.tables import HardwareSpec
-from kvstudy.memory.offload import network_reader
+from kvstudy.costs.transfer import network_reader
+from kvstudy.memory.connector import KV_CONNECTOR_MEMBERS, KVConnector
 from kvstudy.running import offered_load, provenance
 from kvstudy.running.compose import compose_policy, plain
 from kvstudy.running.no_effect import no_effect
@@ -162,8 +163,27 @@ def model_setup(cfg: DictConfig, latency: bool = True):
 
 
 def build_memory(cfg: DictConfig, capacity: int):
-    """The ``memory`` group's model (``paper`` or ``paged``) with the resolved capacity in tokens."""
-    return instantiate(cfg.memory, capacity_tokens=capacity)
+    """The ``memory`` group's model (``paper`` or ``paged``) with the resolved capacity in tokens, and its KV connector
+    (``memory.connector``: a class implementing kvstudy/memory/connector.py's ``KVConnector`` with its settings; none
+    given: the offload tiers of ``memory.offload``, or no connector). A connector that cannot be built (its class not
+    found, a setting it refuses or does not take) is one line naming ``memory.connector``."""
+    node = cfg.memory.get("connector")
+    if node is None:
+        return instantiate(cfg.memory, capacity_tokens=capacity)
+    if not isinstance(node, DictConfig) or not isinstance(node.get("_target_"), str):
+        raise ConfigError(f"memory.connector={plain(node) if isinstance(node, DictConfig) else node!r}: allowed a "
+                          f"mapping with _target_ (module.Class implementing kvstudy/memory/connector.py's "
+                          f"KVConnector) and the settings its class takes, or null")
+    target = node._target_
+    try:
+        connector = instantiate(node)
+    except (ValueError, TypeError) as exc:  # a connector checks its own settings in its __init__, as a policy does
+        raise ConfigError(f"memory.connector ({target}): {exc}") from None
+    if not isinstance(connector, KVConnector):
+        missing = [m for m in KV_CONNECTOR_MEMBERS if not hasattr(connector, m)]
+        raise ConfigError(f"memory.connector._target_={target} built {type(connector).__name__}, not a KV connector: "
+                          f"it lacks {', '.join(missing)} (kvstudy/memory/connector.py's KVConnector)")
+    return instantiate(cfg.memory, capacity_tokens=capacity, connector=connector)
 
 
 def _whole(value):
@@ -363,21 +383,17 @@ def _run_cluster(cfg: DictConfig, ctx: RunContext, policy, first: StepEngine, re
     for k in range(1, replicas):
         policies.append(build_policy(cfg))
         engines.append(_prepared_engine(cfg, ctx, policies[-1], ctx.seed + k))
-    view = getattr(first.memory, "offload", None)
-    if view is not None and view.pool.shared:  # one pool for every replica (Mooncake's store): reads of blocks another
-        pool = view.pool                       # node wrote cross the network (the node's send/recv profile)
+    def link():  # bytes -> seconds between two nodes (the node's send/recv profile), read when a connector asks
         prof = plain(cfg.hardware).get("profiles") or {}
         files = profile_files(ctx.arch, ctx.hardware, prof.get("root"), prof.get("compute_dir"), prof.get("network_dir"))
-        pool.remote_seconds = network_reader(files.send_recv)
-        for tier in pool.tiers:  # memory.offload.*_gb is per GPU: the pool is every replica's memory together
-            tier.capacity_gb *= replicas
-        for k, engine in enumerate(engines):
-            engine.memory.offload.share(pool, k)
+        return network_reader(files.send_recv)
+
+    # a connector shared by the replicas (the offload tiers' shared pool: Mooncake's store) joins them here; replicas
+    # that see each other's writes are stepped in time order, an iteration at a time (lockstep)
+    lockstep = first.memory.connector.connect_replicas([e.memory.connector for e in engines], link)
     for engine in engines:
         engine.progress = False  # one bar per replica would interleave
-    # replicas sharing a pool see each other's writes: stepped in time order, an iteration at a time (lockstep)
-    results, routed = drive(engines, router, ctx.requests.arrival_time.tolist(),
-                            lockstep=view is not None and view.pool.shared)
+    results, routed = drive(engines, router, ctx.requests.arrival_time.tolist(), lockstep=lockstep)
     for policy, res in zip(policies, results):
         after = getattr(policy, "after_run", None)
         if callable(after):

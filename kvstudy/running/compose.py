@@ -55,6 +55,6 @@ def plain(node) -> dict:
 def group_of(node: DictConfig) -> str:
     """The config key of ``node`` (memory, policy, ...), for messages."""
     try:
-        return node._key() or "config"
+        return node._get_full_key(None) or "config"  # memory, policy, ...; memory.connector for a node inside one
     except Exception:
         return "config"

@@ -41,6 +41,8 @@ def instantiate(node: DictConfig, **kwargs):
     params.pop("name", None)
     for key in RUN_SETTINGS.get(group_of(node), ()):  # read by the run, not arguments of the target
         params.pop(key, None)
+    for key in kwargs:  # given at call time (an object built first: memory.connector): the config's is not built
+        params.pop(key, None)
     if nested_target({k: v for k, v in params.items() if k != "_target_"}) or "_target_" not in params:
         return hydra_instantiate(params, _partial_=True, _convert_="all")(**kwargs)
     target = params.pop("_target_")

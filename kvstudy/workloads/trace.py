@@ -8,7 +8,7 @@ shifted so the first request arrives at 0.
 
 Shared prefixes (issue 36): a ``hash_ids`` column (Mooncake's traces: per request the hashes of its prompt's
 ``hash_block_size``-token blocks, chained as a prefix, so equal leading ids are a reusable prefix) becomes the
-requests' ``segments`` (kvstudy/memory/prefix.py ``mooncake_segments``: each id one block of ``hash_block_size``
+requests' ``segments`` (``mooncake_segments`` below: each id one block of ``hash_block_size``
 tokens, the last one the prompt's remainder), which ``memory.prefix_caching=true`` keys its blocks by. A
 ``segments`` column (lists of [key, length] pairs; in a CSV cell as JSON) is read as it is. A file holds one of the
 two, not both.
@@ -31,7 +31,6 @@ import numpy as np
 import pandas as pd
 
 from kvstudy.errors import ConfigError, DataError
-from kvstudy.memory.prefix import mooncake_segments
 from kvstudy.workloads.requests import (MAX_TIME_S, _int_column, check_segments, column_label, refuse_booleans,
                                        regular_file)
 
@@ -402,3 +401,11 @@ def trace(path: str, columns: Optional[Dict[str, str]] = None, time_unit: str = 
     if rate_scale != 1 and "arrival_time" in df:
         df["arrival_time"] = (df["arrival_time"] - df["arrival_time"].min()) / float(rate_scale)
     return df
+
+
+def mooncake_segments(hash_ids: Sequence[int], prompt_tokens: int, trace_block: int = 512) -> list:
+    """Mooncake's ``hash_ids`` (one per ``trace_block``-token block of the prompt, chained as a prefix) as segments:
+    each id a segment of ``trace_block`` tokens, the last one the prompt's remainder (a partial block is its own
+    content: never shared with a longer block of the same id)."""
+    return [(int(h), min(trace_block, int(prompt_tokens) - t * trace_block)) for t, h in enumerate(hash_ids)
+            if t * trace_block < prompt_tokens]

@@ -255,6 +255,13 @@ def main(argv=None) -> int:
     ap.add_argument("--draw-only", action="store_true", help="list the sampled mutants and stop")
     ap.add_argument("--survivors-of", type=Path, metavar="REPORT",
                     help="run only the mutants that survived in this report.json (e.g. a run before new tests)")
+    ap.add_argument("--coverage", type=Path, metavar="JSON",
+                    help="with --survivors-of: run each survivor against the tests that cover its line, from "
+                         "`coverage json --show-contexts` of a suite run with `--cov-context=test` on the same source "
+                         "(docs/mutation.md), instead of its module's mapped files")
+    ap.add_argument("--also-test", action="append", default=[], metavar="FILE",
+                    help="with --coverage: run this test file too for every mutant (new tests the coverage run did "
+                         "not see; repeatable)")
     ap.add_argument("--shard", type=shard, default=(1, 1), metavar="K/N",
                     help="run the K-th of N slices of the drawn mutants (each in its own --workdir, one per core); "
                          "--merge joins their reports")
@@ -281,6 +288,10 @@ def main(argv=None) -> int:
         except (OSError, ValueError, KeyError) as err:
             raise SystemExit(f"error: --survivors-of {args.survivors_of}: {err}; allowed: a report.json of this script")
     everything, chosen = draw(sessions, args.sample, args.seed, cr, args.shard, only)
+    if args.coverage is not None:
+        if only is None:
+            raise SystemExit("error: --coverage reruns a report's survivors; allowed: with --survivors-of REPORT")
+        return recheck(chosen, sessions, tree, env, args, cr)
     print(f"{len(chosen)} of {len(everything)} mutants (seed {args.seed}, shard {args.shard[0]}/{args.shard[1]}) in "
           f"{len(modules)} module(s)", flush=True)
     if args.draw_only:
@@ -305,6 +316,72 @@ def main(argv=None) -> int:
               "mutants": rows}
     (work / "report.json").write_text(json.dumps(report, indent=1))
     return print_report(report, work / "report.json")
+
+
+def covering(coverage: dict, module: str, line: int) -> list:
+    """The test node ids that ran ``module``'s ``line`` (coverage's per-test contexts), the excluded files' left out."""
+    for path, data in coverage["files"].items():
+        if path.replace("\\", "/").endswith(module):
+            ids = {c.split("|")[0] for c in data.get("contexts", {}).get(str(line), ()) if c}
+            return sorted(i for i in ids if i.split("::")[0] not in EXCLUDED)
+    return []
+
+
+def recheck(chosen, sessions, tree: Path, env: dict, args, cr) -> int:
+    """Each chosen mutant applied alone (cosmic-ray's ``use_mutation``) and the tests covering its line run (``-x``):
+    killed (they fail), survived (they pass), or not covered (no test runs the line: survived). Writes
+    ``<workdir>/report.json`` as a run does."""
+    from cosmic_ray.mutating import use_mutation
+    from cosmic_ray.plugins import get_operator
+
+    coverage = json.loads(args.coverage.read_text())
+    rows, per_module, t0 = [], {}, time.time()
+    for name, m, job in chosen:
+        with cr.use_db(str(sessions[m][1]), cr.WorkDB.Mode.open) as wdb:
+            item = next(it for it in wdb.work_items if it.job_id == job)
+        mut = item.mutations[0]
+        tests = covering(coverage, m, mut.start_pos[0])
+        tests += [f for f in args.also_test if f not in EXCLUDED]
+        outcome, seconds = "survived (no test covers the line)", 0.0
+        if tests:
+            with use_mutation(Path(mut.module_path), get_operator(mut.operator_name)(), mut.occurrence) as (_, code):
+                if code is None:
+                    outcome = "not run (cosmic-ray could not apply it)"
+                else:
+                    t = time.time()
+                    try:
+                        run = subprocess.run(["nice", "-n", "19", args.python, "-m", "pytest", "-n", "0", "-x", "-q",
+                                              "-p", "no:cacheprovider", *tests], cwd=tree, env=env,
+                                             capture_output=True, text=True, timeout=args.timeout)
+                        code_ = run.returncode
+                    except subprocess.TimeoutExpired:
+                        code_ = "timeout"
+                    seconds = time.time() - t
+                    if code_ == 0:
+                        outcome = "survived"
+                    elif code_ == 4 or code_ == 5:  # usage error (a node id not found) or nothing collected
+                        outcome = f"not run (pytest exit {code_}: {run.stdout[-300:]!r})"
+                    else:
+                        outcome = "killed"
+        if name in EQUIVALENT:
+            outcome = "equivalent"
+        print(f"{outcome.split(' (')[0]:>9} {name} ({len(tests)} tests, {seconds:.0f} s)", flush=True)
+        rows.append({"mutant": name, "outcome": outcome.split(" (")[0], "detail": outcome, "tests": len(tests),
+                     "seconds": round(seconds, 1)})
+        tally = per_module.setdefault(m, {"mutants": 0, "killed": 0, "equivalent": 0, "not_run": 0})
+        tally["mutants"] += 1
+        tally["killed"] += rows[-1]["outcome"] == "killed"
+        tally["equivalent"] += rows[-1]["outcome"] == "equivalent"
+        tally["not_run"] += rows[-1]["outcome"] == "not run"
+    killed = sum(t["killed"] for t in per_module.values())
+    judged = sum(t["mutants"] - t["equivalent"] - t["not_run"] for t in per_module.values())
+    report = {"seed": args.seed, "sample": args.sample, "shard": list(args.shard), "modules": sorted(per_module),
+              "excluded_tests": sorted(EXCLUDED), "rechecked": str(args.survivors_of), "coverage": str(args.coverage),
+              "per_module": per_module, "killed": killed, "judged": judged,
+              "kill_rate": killed / judged if judged else None, "seconds": round(time.time() - t0, 1),
+              "mutants": rows}
+    (args.workdir / "report.json").write_text(json.dumps(report, indent=1))
+    return print_report(report, args.workdir / "report.json")
 
 
 def merge(paths: list) -> dict:
@@ -346,7 +423,7 @@ def print_report(report: dict, where) -> int:
           + (f"; report: {where}" if where else ""))
     for r in rows:
         if r["outcome"] not in ("killed", "equivalent"):
-            print(f"\n{r['outcome'].upper()} {r['mutant']}\n{r['diff']}")
+            print(f"\n{r['outcome'].upper()} {r['mutant']}\n{r.get('diff') or r.get('detail', '')}")
     return 0
 
 

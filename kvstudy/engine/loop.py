@@ -36,13 +36,13 @@ One iteration, in phases (``StepEngine.loop``):
 7. **record**: the iteration's row (records.py), then the requests that produced their last token finish.
 
 The most common iteration (every running request decodes, nothing else happens) runs as one function of the same
-phases (``_decode_only``), with the general path's helpers. A policy that promises its decode-only decision repeats
-(``StepPolicy.steady_spare``: vLLM's and Sarathi's steps) gets a *decode run* instead (``_decode_run``, issue 47): the
-iterations after the decided one run without asking it, each exactly as ``_decode_only`` would, until a request
-finishes, the next iteration would start at or past the next arrival (in a cluster, the horizon), or the growing
-requests would not find their blocks with the promised spare; their seconds come from the latency model's
-``decode_run_seconds`` when it has one (Vidur's tables: one vectorised lookup). Not while events are recorded or the
-engine checks overflow before each step (an adapted admission policy).
+phases, a *decode run* (``_decode_run``): of one iteration, or, for a policy that promises its decode-only decision
+repeats (``StepPolicy.steady_spare``: vLLM's and Sarathi's steps; issue 47), of the iterations after it too, without
+asking the policy, until a request finishes, the next iteration would start at or past the next arrival (in a
+cluster, the horizon), or the growing requests would not find their blocks with the promised spare; their seconds
+come from the latency model's ``decode_run_seconds`` when it has one (Vidur's tables: one vectorised lookup). No
+promise is asked for while events are recorded or the engine checks overflow before each step (an adapted
+admission policy).
 
 Rejected up front, each with ``reject_reason``: a request the memory model can never serve (``memory.rejection``);
 on paged memory also, when preempted, a request whose recompute (prompt + generated tokens) can_allocate calls
@@ -181,21 +181,10 @@ class StepEngine:
         (``StopIteration.value``). Alone (``run``) it never pauses. In a cluster (kvstudy/cluster/driver.py) it yields
         its clock before a decision at or past its *horizon* (the next arrival, routed first) and is sent the next
         one; idle, it yields ``IDLE`` and is sent the next arrival routed to it (None: none will come)."""
-        self._begin()
-        self.policy_seconds = 0.0
-        st, mem, clock, policy = self.state, self.memory, self.state.clock, self.policy
-        n, arrival, waiting, running, swapped, growing = st.n, st.arrival, st.waiting, st.running, st.swapped, st.growing
-        name = getattr(policy, "name", type(policy).__name__)
-        view = StepView(self, 0, 0.0)  # its containers are the engine's own: one view serves every step
-        overflow = getattr(policy, "overflow_victims", None)  # the engine detects overflow for this policy
-        # decode-only iterations the policy promises to repeat are advanced without asking it (issue 47); not while
-        # events are recorded (each iteration's decodes are listed) or the engine checks overflow before each step
-        spare = policy.steady_spare(view) if self.events is None and overflow is None else None
-        # the adapter on the paper's memory holds just the positions it validated and has no capacity to check
-        # (constraint (3): admissions are not charged; an overflow is caught at the next round): not checked here
-        check, tracks, num_blocks = not (self.paper and self.adapted), mem.tracks_blocks, mem.num_blocks
-        self.idled = False  # authors_code: the last step was an idle second, whose end arrivals join at (inclusive)
-        next_time = arrival[0] if n else math.inf
+        name, view, overflow, spare, check = self._start()
+        st, mem = self.state, self.memory
+        waiting, running, swapped, growing = st.waiting, st.running, st.swapped, st.growing
+        next_time = self._next_arrival_time()
         t, step, no_token, since_completion, clearing, policy_s = 0.0, 0, 0, 0, 0, 0.0
         status, message, horizon, bar = "completed", "", -math.inf, self._progress_bar(name)
         try:
@@ -204,8 +193,7 @@ class StepEngine:
                     horizon = yield t
                 if t >= next_time:  # 1. arrivals
                     next_time = self._arrive(t)
-                if self.idled:  # authors_code: consumed by the pass after the idle second
-                    self.idled = False
+                self.idled = False  # authors_code: consumed by the pass after the idle second
                 if not waiting and not running and not swapped:
                     woke = (yield IDLE) if cluster else self._wake()
                     if woke is None:
@@ -216,13 +204,7 @@ class StepEngine:
                 if step >= self.max_iterations:
                     status, message = "max_iterations", f"stopped after {step} iterations (engine.max_iterations)"
                     break
-                if growing:
-                    growing.clear()
-                if clock.grow_at.get(clock.ticks):
-                    growing.update(clock.growing())
-                view.step, view.time, view.num_arrived = step, t, st.next_arrival
-                if self.events is not None:
-                    self.events.step = step
+                self._prepare_step(view, step, t)
                 if overflow is not None and mem.overflows(st.decode_context_tokens + len(running), len(growing)):
                     t += self._clear(overflow, view, t, step, name)  # 2. clear
                     step, clearing, since_completion = step + 1, clearing + 1, since_completion + 1
@@ -230,24 +212,15 @@ class StepEngine:
                         status, message = "no_progress", self._overflowing_message(since_completion)
                         break
                     continue
-                t0 = perf_counter()
-                try:  # 3. decide and check (a refused decision names where the run was)
-                    d = policy.step(view)
-                    policy_s += perf_counter() - t0
-                    decode_only = d.__class__ is Decision and d.decode_all and not (
-                        d.preempt or d.swap_in or d.prefill or d.decode or d.reserve or d.lend)
-                    if check and not (decode_only and (not tracks or mem.used + len(growing) <= num_blocks)):
-                        check_decision(self, d, name)
-                except PolicyError as exc:
-                    raise located(self, exc, step, t) from None
+                d, decode_only, seconds = self._decide(view, check, step, t, name)  # 3. decide and check
+                policy_s += seconds
                 if decode_only and not (st.prefilling or st.reserved) and running:
-                    if spare is None or swapped:
-                        dt, stamp, finished, kv = self._decode_only(t)  # 4-7 for the most common iteration
-                    else:  # and the decode-only iterations after it the policy promised (steady_spare)
-                        limit = min(next_time, horizon) if cluster else next_time
-                        t, dt, stamp, finished, kv, run = self._decode_run(t, limit, self.max_iterations - step, spare)
-                        step += run - 1
-                    produced = True
+                    # 4-7 for the most common iteration, and the decode-only iterations after it that the policy
+                    # promised (steady_spare): one decode run, of one iteration when there is no promise
+                    most = 1 if spare is None or swapped else self.max_iterations - step
+                    t, dt, stamp, finished, kv, run = self._decode_run(t, min(next_time, horizon) if cluster
+                                                                       else next_time, most, spare)
+                    step, produced = step + run - 1, True
                 else:
                     batch = self._apply(d, t)  # 4. apply
                     if not batch.chunks and not batch.decodes:  # nothing computes: copies take their time, or idle
@@ -258,23 +231,17 @@ class StepEngine:
                                 t, horizon = max(t, self._round_up(woke)), -math.inf
                                 next_time = self._next_arrival_time()
                                 continue
-                            if overflow is not None:  # an admission policy that admits nothing now never will
-                                status, message = "stalled", self._admits_none_message(name)
-                                break
                         no_token += 1
-                        if no_token >= self.stall_limit:
-                            status, message = self._ran_nothing(no_token, name)
+                        stop = self._ran_nothing(d, no_token, overflow is not None, name)
+                        if stop:
+                            status, message = stop
                             break
                         continue
                     dt = self._time(d, batch)  # 5. time
                     stamp, finished, produced, kv = self._stamp_and_record(d, batch, t, dt, step)  # 6, 7
                 if finished:
-                    if cluster:
-                        st.inflight = (t + dt, st.outstanding(), mem.used if tracks else kv)
                     since_completion = 0
-                    finish(self, finished, stamp, step)
-                    if bar is not None:
-                        bar.update(len(finished))  # tqdm redraws at most every mininterval
+                    self._finish(finished, stamp, step, t + dt, kv, cluster, bar)
                 no_token = 0 if produced else no_token + 1
                 t += dt
                 view.last_iteration_seconds = dt
@@ -289,6 +256,34 @@ class StepEngine:
             if bar is not None:  # cleared before anything is printed: an error never lands on the bar's line
                 bar.close()
         return self._end(status, message, clearing, cluster)
+
+    def _start(self):
+        """A run starts (``_begin``); returns (the policy's name, the one view that serves every step, the policy's
+        overflow hook or None, its decode-run promise or None, whether its decisions are checked)."""
+        self._begin()
+        self.policy_seconds = 0.0
+        policy = self.policy
+        name = getattr(policy, "name", type(policy).__name__)
+        view = StepView(self, 0, 0.0)  # its containers are the engine's own: one view serves every step
+        overflow = getattr(policy, "overflow_victims", None)  # the engine detects overflow for this policy
+        # decode-only iterations the policy promises to repeat are advanced without asking it (issue 47); not while
+        # events are recorded (each iteration's decodes are listed) or the engine checks overflow before each step
+        spare = policy.steady_spare(view) if self.events is None and overflow is None else None
+        # the adapter on the paper's memory holds just the positions it validated and has no capacity to check
+        # (constraint (3): admissions are not charged; an overflow is caught at the next round): not checked here
+        check = not (self.paper and self.adapted)
+        self.idled = False  # authors_code: the last step was an idle second, whose end arrivals join at (inclusive)
+        return name, view, overflow, spare, check
+
+    def _finish(self, finished: list, stamp: float, step: int, end: float, kv: int, cluster: bool, bar) -> None:
+        """The requests that produced their last token in the iteration ending at ``end`` finish (in a cluster the
+        driver first learns the replica's load as it was during it: outstanding requests, KV in use)."""
+        st = self.state
+        if cluster:
+            st.inflight = (end, st.outstanding(), self.memory.used if self.memory.tracks_blocks else kv)
+        finish(self, finished, stamp, step)
+        if bar is not None:
+            bar.update(len(finished))  # tqdm redraws at most every mininterval
 
     # --- 1. arrivals ---------------------------------------------------------------------------------------------
     def _arrive(self, t: float) -> float:
@@ -382,34 +377,47 @@ class StepEngine:
                            blocks_used=used)
         return dt
 
-    # --- 4-7 for the most common iteration ------------------------------------------------------------------------
-    def _decode_only(self, t: float):
-        """Every running request decodes, nothing else happens: the general path's arithmetic without its empty
-        branches. Returns (seconds, token stamp, finished requests, decoders' KV tokens)."""
+    # --- 3. decide and check ------------------------------------------------------------------------------------------
+    def _prepare_step(self, view: StepView, step: int, t: float) -> None:
+        """What the policy sees this step: the running requests whose context crosses a block boundary now
+        (``growing``), the step, the clock and the arrivals."""
         st = self.state
-        clock, running = st.clock, st.running
-        n_dec, ctx_now = len(running), st.decode_context_tokens
-        if st.growing or clock.ticks in clock.grow_at:
-            self._grow_blocks()
+        clock, growing = st.clock, st.growing
+        if growing:
+            growing.clear()
+        if clock.grow_at.get(clock.ticks):
+            growing.update(clock.growing())
+        view.step, view.time, view.num_arrived = step, t, st.next_arrival
         if self.events is not None:
-            self.events.decoded(running)
-        compute = self.seconds(NO_CHUNKS, n_dec, ctx_now, ctx_now + n_dec - st.decode_prompt_tokens)
-        dt = max(compute, 0.0) if self.overlap else compute + 0.0
-        stamp = t if self.at_start else t + dt
-        finished = clock.tick(stamp)
-        left_ctx, left_prompts = self._leave_clock(finished) if finished else (0, 0)
-        self.rows.decode_only(t, dt, n_dec, ctx_now + n_dec)
-        st.decode_context_tokens = ctx_now + n_dec - left_ctx
-        st.decode_prompt_tokens -= left_prompts
-        return dt, stamp, finished, ctx_now + n_dec
+            self.events.step = step
 
-    def _decode_run(self, t: float, limit: float, max_run: int, spare: int):
-        """The decided decode-only iteration and the ones after it that the policy's ``steady_spare`` promise
-        covers, each exactly as ``_decode_only`` runs it: it goes on while no request finished in the last one, the
-        next one starts before ``limit`` (the next arrival; in a cluster also the horizon), the growing requests
-        find their blocks with ``spare`` to spare, and ``max_run`` (engine.max_iterations) allows. Returns (the last
-        iteration's start, its seconds, its token stamp, the requests that finished in it, its decoders' KV tokens,
-        how many iterations ran)."""
+    def _decide(self, view: StepView, check: bool, step: int, t: float, name: str):
+        """The policy's decision, checked whole before anything changes (check.py; a refused one names where the run
+        was). Returns (the decision, whether every running request decodes and nothing else happens, the seconds
+        inside the policy). A decode-only decision is checked the short way: the growing requests' blocks fit."""
+        mem = self.memory
+        t0 = perf_counter()
+        try:
+            d = self.policy.step(view)
+            seconds = perf_counter() - t0
+            decode_only = d.__class__ is Decision and d.decode_all and not (
+                d.preempt or d.swap_in or d.prefill or d.decode or d.reserve or d.lend)
+            if check and not (decode_only and (not mem.tracks_blocks
+                                               or mem.used + len(self.state.growing) <= mem.num_blocks)):
+                check_decision(self, d, name)
+        except PolicyError as exc:
+            raise located(self, exc, step, t) from None
+        return d, decode_only, seconds
+
+    # --- 4-7 for the most common iteration: every running request decodes, nothing else happens -------------------
+    def _decode_run(self, t: float, limit: float, max_run: int, spare):
+        """The decided decode-only iteration (the general path's arithmetic without its empty branches), and when
+        ``max_run`` > 1 the ones after it that the policy's ``steady_spare`` promise covers (issue 47), each run the
+        same way: it goes on while no request finished in the last one, the next one starts before ``limit`` (the
+        next arrival; in a cluster also the horizon), the growing requests find their blocks with ``spare`` to
+        spare, and ``max_run`` (engine.max_iterations; 1: no promise) allows. A decode-only iteration is a run of
+        one. Returns (the last iteration's start, its seconds, its token stamp, the requests that finished in it,
+        its decoders' KV tokens, how many iterations ran)."""
         st, mem = self.state, self.memory
         clock = st.clock
         grow_at, tick, rows, seconds = clock.grow_at, clock.tick, self.rows, self.seconds
@@ -417,6 +425,8 @@ class StepEngine:
         at_start, overlap, run_seconds = self.at_start, self.overlap, self.run_seconds
         if st.growing or clock.ticks in grow_at:
             self._grow_blocks()
+        if self.events is not None:  # (runs of one only: no promise is asked for while events are recorded)
+            self.events.decoded(st.running)
         run, ahead, at, block = 0, [], 0, 32  # ahead: the next iterations' seconds, asked in blocks
         while True:
             if at < len(ahead):
@@ -550,9 +560,6 @@ class StepEngine:
         """The iteration's seconds: the latency model's for its exact batch, and the swap model's copies (the longer
         of the two when they overlap)."""
         st = self.state
-        if self.events is not None:
-            self.events.prefilled(batch.prefills)
-            self.events.decoded([i for i in st.running if i not in st.prefilling] if d.decode_all else d.decode)
         n_dec, ctx_now = batch.decodes, batch.decode_ctx
         if d.decode_all:  # the decodes' produced tokens (the MC-SF authors' formula counts them)
             gen_sum = ctx_now + n_dec - st.decode_prompt_tokens
@@ -569,6 +576,9 @@ class StepEngine:
         return (the stamp, the requests that produced their last token, whether anything progressed, the decoders'
         KV tokens)."""
         st = self.state
+        if self.events is not None:
+            self.events.prefilled(batch.prefills)
+            self.events.decoded([i for i in st.running if i not in st.prefilling] if d.decode_all else d.decode)
         stamp = t if self.at_start else t + dt  # when this iteration's tokens are stamped
         n_dec = batch.decodes
         st.decode_context_tokens += n_dec
@@ -696,12 +706,19 @@ class StepEngine:
                 f"request {st.request_id[first]}, prompt {st.prompt[first]}, predicted output "
                 f"{prediction(first) if prediction else st.predicted[first]}, capacity {self.memory.capacity_tokens})")
 
-    def _ran_nothing(self, no_token: int, name: str):
-        """(status, message) of a run whose policy ran nothing ``stall_limit`` times in a row."""
+    def _ran_nothing(self, d: Decision, no_token: int, admission: bool, name: str):
+        """(status, message) after an iteration in which nothing computed (``no_token`` such in a row), or None: go
+        on. An admission policy that admits nothing on an idle engine never will (``stalled``); ``stall_limit``
+        such iterations in a row end the run."""
         st = self.state
-        return "stalled" if not st.running else "no_progress", (f"policy '{name}' ran no request in {no_token} iterations in a row (engine.stall_limit="
-                f"{self.stall_limit}) with {len(st.waiting)} waiting, {len(st.running)} running and "
-                f"{len(st.swapped)} swapped")
+        if admission and not (d.preempt or d.swap_in or st.running or st.swapped):
+            return "stalled", self._admits_none_message(name)
+        if no_token < self.stall_limit:
+            return None
+        return "stalled" if not st.running else "no_progress", (
+            f"policy '{name}' ran no request in {no_token} iterations in a row (engine.stall_limit="
+            f"{self.stall_limit}) with {len(st.waiting)} waiting, {len(st.running)} running and "
+            f"{len(st.swapped)} swapped")
 
     def _no_token_message(self, no_token: int, name: str) -> str:
         return (f"{no_token} iterations in a row produced no token (engine.stall_limit={self.stall_limit}): policy "

@@ -62,7 +62,7 @@ from kvstudy.engine.check import check_decision, located
 from kvstudy.engine.events import EventLog
 from kvstudy.engine.state import RunState
 from kvstudy.engine.states import DONE, FUTURE, REJECTED, RUNNING, WAITING, EngineResult, PolicyError, interrupted_message
-from kvstudy.engine.transitions import finish, preempt, start_prefill, swap_in, token
+from kvstudy.engine.transitions import Transitions
 from kvstudy.errors import KvStudyError
 from kvstudy.costs.swap_models import SwapModel, kv_bytes_per_gpu
 from kvstudy.latency.models import VidurLatency
@@ -107,7 +107,6 @@ class StepEngine:
         self.seconds = self._timer(latency, self.needs_generated)
         self.run_seconds = self._run_timer(latency)
         self.overlap = bool(swap.overlap)  # copies overlap compute: an iteration takes the longer of the two
-        self.blocks_out = self.blocks_in = 0  # blocks swapped out / in by the iteration under way
         self.policy_seconds = 0.0  # wall time inside the policy (CacheOPT's Sec. 5.3 scheduling overhead)
         self.block_bytes_all = 0
 
@@ -158,6 +157,7 @@ class StepEngine:
         if self.adapted:
             self.policy.forget()  # a second run of this engine starts from nothing, as the first
         self.events = ev = EventLog() if self.record_events else None
+        self.act = Transitions(st, mem, ev, self.paper, self.adapted, self.block_bytes_all)  # transitions.py
         s, out, watermark = st.prompt, r.output_tokens.tolist(), not self.adapted
         for i in range(st.n):
             why = mem.rejection(s[i], out[i], watermark=watermark)
@@ -281,7 +281,7 @@ class StepEngine:
         st = self.state
         if cluster:
             st.inflight = (end, st.outstanding(), self.memory.used if self.memory.tracks_blocks else kv)
-        finish(self, finished, stamp, step)
+        self.act.finish(finished, stamp, step)
         if bar is not None:
             bar.update(len(finished))  # tqdm redraws at most every mininterval
 
@@ -360,10 +360,10 @@ class StepEngine:
             gone = set(victims)
             running[:] = [i for i in running if i not in gone]
             for i in victims:
-                preempt(self, i, RECOMPUTE, t, listed=False, kind="evict")
+                self.act.preempt(i, RECOMPUTE, t, listed=False, kind="evict")
         else:
             for i in victims:
-                preempt(self, i, RECOMPUTE, t, kind="evict")
+                self.act.preempt(i, RECOMPUTE, t, kind="evict")
         if self.events is not None:
             self.events.add(t, -1, "clear", tokens=len(victims))
         st.waiting.extendleft(i for i in victims if state[i] == WAITING)
@@ -486,13 +486,15 @@ class StepEngine:
         runs in the iteration."""
         st, mem, clock = self.state, self.memory, self.state.clock
         state = st.request_state
-        self.blocks_out = self.blocks_in = n_rec = 0
+        act, n_rec, blocks_out, blocks_in = self.act, 0, 0, 0
         for i, mode in d.preempt:
-            n_rec += preempt(self, i, mode, t) == RECOMPUTE
+            done, blocks = act.preempt(i, mode, t)
+            n_rec += done == RECOMPUTE
+            blocks_out += blocks
         if d.preempt:  # vLLM's waiting.extendleft(preempted): the last victim (the earliest admitted) ends first
             st.waiting.extendleft(i for i, _ in d.preempt if state[i] == WAITING)
         for i in d.swap_in:
-            swap_in(self, i, t)
+            blocks_in += act.swap_in(i, t)
         for g, h, b in d.lend:  # embedded guests take their host's unused blocks before they start
             if h in d.reserve:
                 mem.hold(h, mem.blocks(d.reserve[h]))
@@ -510,8 +512,8 @@ class StepEngine:
                 mem.hold(i, mem.blocks(tokens))
                 st.reserved.add(i)
                 clock.reschedule_growth(i)
-        if self.blocks_out or self.blocks_in:
-            batch.swap_seconds = self.swap.seconds(self.blocks_out) + self.swap.seconds(self.blocks_in)
+        if blocks_out or blocks_in:
+            batch.swap_seconds = self.swap.seconds(blocks_out) + self.swap.seconds(blocks_in)
         return batch
 
     def _prefills(self, d: Decision, t: float, batch: "Batch") -> None:
@@ -523,7 +525,7 @@ class StepEngine:
         prefills, chunks, partial = batch.prefills, batch.chunks, 0
         for i, chunk in d.prefill:
             if state[i] == WAITING:
-                start_prefill(self, i, t)
+                self.act.start_prefill(i, t)
             chunk = min(chunk, target[i] - prefilled[i])
             mem.advance(i, prefilled[i] + chunk)
             prefills.append((i, chunk))
@@ -590,7 +592,7 @@ class StepEngine:
             finished, left_ctx, left_prompts = [], 0, 0
             for i in d.decode:  # every decoder is off the clock: one by one
                 clock.tokens[i] += 1
-                token(self, i, stamp)
+                self.act.token(i, stamp)
                 if clock.tokens[i] == o[i]:
                     finished.append(i)
                     left_ctx += st.prompt[i] + o[i] - 1
@@ -641,7 +643,7 @@ class StepEngine:
                 if ev is not None:
                     ev.add(stamp, i, "first_token")
             else:
-                token(self, i, stamp)
+                self.act.token(i, stamp)
             if self.paper:  # the paper's records: this life's admission round and first token
                 st.admission_round[i], st.admission_stamp[i] = step, stamp
             if clock.tokens[i] == o[i]:

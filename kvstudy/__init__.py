@@ -20,3 +20,20 @@ def _mul(*values):
 
 
 OmegaConf.register_new_resolver("mul", _mul, replace=True)
+
+
+def _device(name, field):
+    """``${device:NAME,FIELD}``: a number of device NAME in kvstudy/profiles/devices.py, the one place GPU numbers
+    are written (conf/hardware/*.yaml: ``pcie_gbps: ${device:${hardware.device},pcie_gbps}``)."""
+    from kvstudy.profiles.devices import DEVICES  # on use: the registry is not needed to import kvstudy
+
+    device = DEVICES.get(str(name))
+    if device is None:  # an unknown device: None here, and the config check names hardware.device (validate.py)
+        return None
+    if not hasattr(device, str(field)):
+        raise ValueError(f"${{device:{name},{field}}}: no such field; allowed: a field of kvstudy/profiles/devices.py's "
+                         f"Device")
+    return getattr(device, str(field))
+
+
+OmegaConf.register_new_resolver("device", _device, replace=True)

@@ -254,17 +254,28 @@ def test_capacity_is_measured_per_setting_not_reused_across_them():
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in (CONF_DIR / "hardware").glob("*.yaml")))
 def test_hardware_configs_agree_with_the_device_registry(name):
-    """A hardware YAML's host link is its device's datasheet number (kvstudy/profiles/devices.py), its memory is not
-    written a second time (null: the device's memory as CUDA reports it, with its source, below the vendor's GB read
-    as GiB), and it says "calibrated: false" exactly when the device is."""
+    """A hardware YAML names a device, its parallelism and node, and writes no GPU number a second time (issue 56):
+    its memory is null (the device's memory as CUDA reports it, with its source, below the vendor's GB read as GiB),
+    its host link is the registry's (``${device:...}``, composed to the datasheet number), and whether the device is
+    calibrated is the registry's alone."""
     import yaml
 
-    cfg = yaml.safe_load((CONF_DIR / "hardware" / f"{name}.yaml").read_text())
-    gpu = devices.DEVICES[cfg["device"]]
-    assert cfg["memory_gb_per_gpu"] is None and cfg["pcie_gbps"] == gpu.pcie_gbps
+    raw = yaml.safe_load((CONF_DIR / "hardware" / f"{name}.yaml").read_text())
+    gpu = devices.DEVICES[raw["device"]]
+    assert raw["memory_gb_per_gpu"] is None and raw["pcie_gbps"] == "${device:${hardware.device},pcie_gbps}"
+    assert raw["calibrated"] is None
     assert 0.9 * gpu.memory_gb < gpu.visible_gib < gpu.memory_gb and gpu.memory_source
-    assert cfg.get("calibrated", True) == gpu.calibrated
-    assert cfg["node"] in devices.NODES
+    assert raw["node"] in devices.NODES
+    numbers = {k for k, v in raw.items() if isinstance(v, float)}
+    assert not numbers, f"{name}.yaml writes {numbers}: a device's number belongs in kvstudy/profiles/devices.py"
+    cfg = api.compose(["+policy=vllm", f"hardware={name}"])
+    assert cfg.hardware.pcie_gbps == gpu.pcie_gbps
+
+
+def test_a_hardware_config_on_another_device_takes_that_devices_link():
+    """``hardware.device`` on the command line moves every number with it (one place)."""
+    cfg = api.compose(["+policy=vllm", "hardware=a100_tp2", "hardware.device=h100"])
+    assert cfg.hardware.pcie_gbps == devices.DEVICES["h100"].pcie_gbps == 63.0
 
 
 def test_build_takes_the_calibrations_own_device_and_refuses_another(tmp_path, capsys):

@@ -300,7 +300,7 @@ SCHEMA: Dict[str, Group] = {
         # the device's memory as CUDA reports it, GiB (null: kvstudy/profiles/devices.py's, kvstudy/costs/capacity.py)
         "memory_gb_per_gpu": number(gt=0.0, le=1e5, null=True, unit="GiB"),
         "pcie_gbps": number(gt=0.0, le=1e5, unit="GB/s"),
-        "calibrated": flag(),
+        "calibrated": Key("flag", null=True),  # null: kvstudy/profiles/devices.py says
         "profiles.root": path(), "profiles.compute_dir": path(), "profiles.network_dir": path(),
     }),
     "model": Group({

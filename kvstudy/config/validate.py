@@ -211,6 +211,25 @@ def _own_compute_profiles(hw: Mapping) -> bool:
     return isinstance(device, str) and (PROFILES_DIR / "compute" / device).is_dir()
 
 
+def _check_device_name(plain: dict) -> None:
+    """``hardware.device`` is a GPU kvstudy knows (kvstudy/profiles/devices.py) or one with its own measured profiles;
+    checked before the values, whose ``${device:...}`` numbers (conf/hardware/*.yaml) an unknown device leaves null."""
+    from kvstudy.profiles.devices import DEVICES
+
+    hw = plain.get("hardware") if isinstance(plain.get("hardware"), dict) else {}
+    device = hw.get("device")
+    if isinstance(device, str) and device not in DEVICES and not _own_compute_profiles(hw):
+        near = [d for d in DEVICES if d == device.strip().lower()]
+        hint = f" (names are lower case: '{near[0]}')" if near else ""
+        raise ConfigError(f"hardware.device={device!r}: no GPU of that name{hint}; allowed: {', '.join(DEVICES)} "
+                          f"(kvstudy/profiles/devices.py), or a GPU of one's own with its measured profiles "
+                          f"(hardware.profiles.root=<folder> holding compute/{device}/<model>/mlp.csv)")
+    if isinstance(device, str) and device not in DEVICES and hw.get("pcie_gbps") is None:
+        raise ConfigError(f"hardware.pcie_gbps=null: device {device!r} is not in kvstudy/profiles/devices.py, so its "
+                          f"host link is not known; allowed: hardware.pcie_gbps=<GB/s per direction> (PCIe 4.0 x16: "
+                          f"31.5, PCIe 5.0 x16: 63)")
+
+
 def _check_hardware(plain: dict) -> None:
     """The hardware's device against the GPUs kvstudy knows (kvstudy/profiles/devices.py), under any latency model
     (the KV capacity and the summary read its memory and calibration too), and ``hardware.calibrated`` against the
@@ -219,12 +238,7 @@ def _check_hardware(plain: dict) -> None:
 
     hw = plain.get("hardware") or {}
     device = hw.get("device")
-    if isinstance(device, str) and device not in DEVICES and not _own_compute_profiles(hw):
-        near = [d for d in DEVICES if d == device.strip().lower()]
-        hint = f" (names are lower case: '{near[0]}')" if near else ""
-        raise ConfigError(f"hardware.device={device!r}: no GPU of that name{hint}; allowed: {', '.join(DEVICES)} "
-                          f"(kvstudy/profiles/devices.py), or a GPU of one's own with its measured profiles "
-                          f"(hardware.profiles.root=<folder> holding compute/{device}/<model>/mlp.csv)")
+    _check_device_name(plain)
     node = hw.get("node")
     profiles = hw.get("profiles") if isinstance(hw.get("profiles"), dict) else {}
     from kvstudy.running.paths import PROFILES_DIR
@@ -286,6 +300,7 @@ def check_config(cfg: DictConfig) -> None:
     """Every value of a composed config against its declared type and bounds (kvstudy/config/schema.py), then the rules
     that tie keys together. Raises ConfigError with one line ``<key>=<value>: allowed ...``."""
     plain = _resolved(cfg)
+    _check_device_name(plain)
     _check_values(plain, OmegaConf.to_container(cfg, resolve=False))
     _check_together(plain)
 

@@ -82,7 +82,8 @@ def _print_summary(summary: dict, folder: str) -> None:
     else:
         rows.append(("clearing events", summary["clearing_events"]))
     if "prefix_hit_rate" in summary:  # memory.prefix_caching=true
-        tiers = " (GPU and offload tiers together)" if summary.get("offload") else ""
+        tiers = ((" (GPU and offload tiers together)" if "tiers" in summary["offload"] else " (GPU and connector "
+                  "together)") if summary.get("offload") else "")
         rows.append(("prefix cache", f"hit rate {100 * summary['prefix_hit_rate']:.1f}% of prompt tokens{tiers}, "
                                      f"{summary['prefix_evictions']} blocks evicted"))
     rows += _offload_rows(summary.get("offload"))

@@ -91,3 +91,11 @@ def test_a_connector_that_cannot_be_built_is_one_line_naming_it(tmp_path, overri
     with pytest.raises(KvStudyError) as info:
         run(tmp_path, *overrides)
     assert str(info.value).startswith(message) and "\n" not in str(info.value), str(info.value)
+
+
+def test_a_clusters_summary_sums_the_replicas_counts_by_default():
+    """``NoConnector.merged_summary`` (what a connector of one's own inherits): numbers summed, the rest replica 0's,
+    with every replica's loaded tokens."""
+    parts = [{"kept_blocks": 3, "loaded_blocks": 1, "mode": "a"}, {"kept_blocks": 4, "loaded_blocks": 0, "mode": "b"}]
+    assert NoConnector().merged_summary(parts, 48) == {"kept_blocks": 7, "loaded_blocks": 1, "mode": "a",
+                                                       "loaded_tokens": 48}

@@ -2,7 +2,7 @@
 after vLLM v1's ``KVConnectorBase_V1``. Behind it: the offload tiers (host DRAM, local disk, a pool replicas share:
 kvstudy/memory/offload.py's :class:`~kvstudy.memory.offload.OffloadConnector`, LMCache's and Mooncake's place in
 vLLM), :class:`NoConnector` (nothing outside the GPU: today's behaviour without ``memory.offload``), or a user's own
-(``memory.connector._target_``: docs/architecture.md, "A connector of your own").
+(``memory.connector._target_``: docs/architecture.md, "The connector contract in practice").
 
 Who calls what. The memory model (kvstudy/memory/paged.py's prefix cache; the only caller of the first five) asks
 the connector when a prefill starts and hands it what the GPU evicts; the engine asks it how long an iteration's
@@ -77,12 +77,16 @@ class KVConnector(Protocol):
         ``offload_loaded_tokens``)."""
 
     def describe(self) -> dict:
-        """The settings, for the run's summary (``memory.connector``); empty for ``none``."""
+        """The settings, for the run's summary (its ``memory.offload``); empty for ``none``."""
 
     def summary(self) -> Optional[dict]:
         """The run's counts (summary.json's ``offload``), or None: nothing to report."""
 
     # --- several replicas (kvstudy/cluster/driver.py) ---
+    # A cluster builds one connector per replica from the same config (one memory each). The order: assembly calls
+    # ``connect_replicas`` on replica 0's; then the driver starts replica 0, then 1, ..., each run's ``bind`` first.
+    # So a store shared by replicas is made or joined in ``connect_replicas`` and emptied by replica 0's ``bind``
+    # alone (a later replica's ``bind`` must not replace it): kvstudy/memory/offload.py's shared pool does this.
     def connect_replicas(self, connectors: Sequence["KVConnector"], link: Callable[[], Callable[[float], float]]) \
             -> bool:
         """Called on replica 0's connector with every replica's (itself first) before a cluster runs: a shared store
@@ -91,7 +95,8 @@ class KVConnector(Protocol):
         driver steps them in time order."""
 
     def merged_summary(self, parts: Sequence[dict], loaded_tokens: int) -> dict:
-        """The replicas' ``summary`` dicts as one (counts summed; rates over every replica's lookups)."""
+        """The replicas' ``summary`` dicts (each taken when its replica's run ended) as one, with ``loaded_tokens``
+        (every replica's): summary.json's ``offload`` for the cluster, used as returned."""
 
 
 #: the members a connector has (``KVConnector``'s), for messages naming what a class lacks
@@ -144,4 +149,10 @@ class NoConnector:
         return False
 
     def merged_summary(self, parts, loaded_tokens: int) -> dict:
-        return {}
+        """Numbers summed over the replicas (others as replica 0's), and ``loaded_tokens``: a default that fits
+        counts; a connector with rates or a shared store's sizes merges its own."""
+        first = parts[0] if parts else {}
+        merged = {k: (sum(p.get(k, 0) for p in parts)
+                      if all(isinstance(p.get(k, 0), (int, float)) and not isinstance(p.get(k, 0), bool) for p in parts)
+                      else v) for k, v in first.items()}
+        return {**merged, "loaded_tokens": loaded_tokens}

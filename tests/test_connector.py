@@ -99,3 +99,32 @@ def test_a_clusters_summary_sums_the_replicas_counts_by_default():
     parts = [{"kept_blocks": 3, "loaded_blocks": 1, "mode": "a"}, {"kept_blocks": 4, "loaded_blocks": 0, "mode": "b"}]
     assert NoConnector().merged_summary(parts, 48) == {"kept_blocks": 7, "loaded_blocks": 1, "mode": "a",
                                                        "loaded_tokens": 48}
+
+
+# --- the one transfer-cost model (kvstudy/costs/transfer.py) and its instances -------------------------------------
+def test_a_link_is_bytes_over_its_bandwidth_plus_its_fixed_costs():
+    from kvstudy.costs.transfer import Link, layerwise
+
+    link = Link(25.0, efficiency=0.8, per_copy_s=1e-5, per_layer_s=2e-6, layers=40)
+    assert link.seconds(0) == 0.0
+    assert link.seconds(2e9, copies=3) == pytest.approx(2e9 / (25e9 * 0.8) + 40 * 2e-6 + 3 * 1e-5, rel=1e-15)
+    assert Link(rate=lambda n: 2.0 * n).seconds(8e9, copies=4) == pytest.approx(1.0)
+    assert layerwise(3.0, 1.0, 4) == 3.25 and layerwise(1.0, 3.0, 4) == 3.25
+    with pytest.raises(ValueError, match="allowed gbps > 0"):
+        Link(0.0)
+
+
+def test_the_swap_models_are_links():
+    """``pcie``: PCIe at 80% plus 10 us per layer; ``vllm_blocks``: vLLM PR 11531's fitted per-block rate, 1.21 GB/s
+    for one block and 3.11 GB/s for 1,250 (its two measurements)."""
+    from kvstudy.costs.swap_models import PcieSwap, VllmBlocksSwap
+    from kvstudy.latency.tables import HardwareSpec
+    from kvstudy.running.paths import load_model_arch
+
+    arch, hw = load_model_arch("llama2_70b"), HardwareSpec("a100_tp2", "a100", "a100_pairwise_nvlink", 2)
+    pcie = PcieSwap().bind(arch, hw, 16)
+    block = 16 * arch.kv_bytes_per_token(2)
+    assert pcie.seconds(10) == pytest.approx(10 * block / (31.5e9 * 0.8) + 80 * 10e-6, rel=1e-15)
+    blocks = VllmBlocksSwap().bind(arch, hw, 16)
+    assert blocks.seconds(1) == pytest.approx(block / 1.21e9, rel=1e-12)
+    assert blocks.seconds(1250) == pytest.approx(1250 * block / 3.11e9, rel=1e-12)

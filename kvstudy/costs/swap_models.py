@@ -17,6 +17,7 @@ iteration then takes the longer of the two) or before it (vLLM V0: they do not o
 from __future__ import annotations
 
 from kvstudy.config.validate import check_group
+from kvstudy.costs.transfer import Link
 
 PCIE_EFFICIENCY = 0.8
 PER_LAYER_OVERHEAD_S = 10e-6
@@ -68,10 +69,16 @@ class PcieSwap(SwapModel):
                              "per_layer_overhead_s": per_layer_overhead_s})
         self.efficiency, self.per_layer = float(efficiency), float(per_layer_overhead_s)
 
+    def bind(self, arch, hardware, block_tokens: int) -> "PcieSwap":
+        super().bind(arch, hardware, block_tokens)
+        #: the host link (kvstudy/costs/transfer.py): PCIe at ``efficiency``, one copy per layer
+        self.link = Link(self.pcie_gbps, self.efficiency, per_layer_s=self.per_layer, layers=self.layers)
+        return self
+
     def seconds(self, blocks: int) -> float:
         if blocks <= 0:
             return 0.0
-        return blocks * self.block_bytes / (self.pcie_gbps * 1e9 * self.efficiency) + self.layers * self.per_layer
+        return self.link.seconds(blocks * self.block_bytes)
 
 
 class VllmBlocksSwap(SwapModel):
@@ -88,10 +95,15 @@ class VllmBlocksSwap(SwapModel):
             return PR11531_NEW_KERNEL
         return 1.0 / (self.a_ns / blocks + self.b_ns)
 
+    def bind(self, arch, hardware, block_tokens: int) -> "VllmBlocksSwap":
+        super().bind(arch, hardware, block_tokens)
+        self.link = Link(rate=self.rate_gbps)  # kvstudy/costs/transfer.py: one copy call per block
+        return self
+
     def seconds(self, blocks: int) -> float:
         if blocks <= 0:
             return 0.0
-        return blocks * self.block_bytes / (self.rate_gbps(blocks) * 1e9)
+        return self.link.seconds(blocks * self.block_bytes, copies=blocks)
 
     def describe(self) -> dict:
         return {**super().describe(), "kernel": self.kernel}

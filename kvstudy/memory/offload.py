@@ -37,6 +37,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Hashable, List, Optional, Sequence
 
+from kvstudy.costs.transfer import Link, layerwise
 from kvstudy.memory.prefix import LruKeys
 
 #: the tiers kvstudy names, in order (a config sets each one's size and bandwidths; ``None`` size: no such tier)
@@ -55,6 +56,10 @@ class Tier:
     blocks: LruKeys = field(default_factory=LruKeys)  # least recently used first (the prefix cache's evictor order)
     written_blocks: int = 0
     read_blocks: int = 0
+
+    def __post_init__(self) -> None:
+        #: the tier's read path into GPU memory (kvstudy/costs/transfer.py), a block at a time
+        self.read_link = Link(self.read_gbps) if self.read_gbps > 0 else None
 
 
 class OffloadTiers:
@@ -151,13 +156,14 @@ class OffloadTiers:
         transfer (the node's send/recv profile)."""
         tiers, owner, b = self.tiers, self.owner, self.block_bytes
         if self.remote_seconds is None and len(tiers) == 1:  # all local, one tier: count x block / bandwidth
-            return sum(b / (tiers[0].read_gbps * 1e9) for _ in range(count))  # summed as the general case, bit-equal
+            seconds = tiers[0].read_link.seconds
+            return sum(seconds(b) for _ in range(count))  # summed block by block as the general case, bit-equal
         local, remote = 0.0, 0
         for key in keys[start:start + count]:
             if self.remote_seconds is not None and owner.get(key, replica) != replica:
                 remote += 1
             else:
-                local += b / (tiers[self.level(key)].read_gbps * 1e9)
+                local += tiers[self.level(key)].read_link.seconds(b)
         return local + (self.remote_seconds(remote * b) if remote else 0.0)
 
 
@@ -293,9 +299,7 @@ class OffloadConnector:
             return compute
         if self.pool.load_mode == "blocking":
             return compute + load
-        # layer by layer: L stages of compute c = C/L and transfer x = T/L, pipelined (layer l computes once its KV has
-        # arrived): the longer stream, plus one layer of the shorter one that nothing hides
-        return max(compute, load) + min(compute, load) / self.num_layers
+        return layerwise(compute, load, self.num_layers)  # layer by layer (kvstudy/costs/transfer.py)
 
     # --- records --------------------------------------------------------------------------------------------------
     def loaded_tokens(self) -> Dict[int, int]:

@@ -10,8 +10,6 @@ import json
 import os
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import numpy as np
 import pytest

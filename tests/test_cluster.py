@@ -9,7 +9,7 @@ import pytest
 
 from kvstudy import api
 from kvstudy.cluster.driver import drive, merge
-from kvstudy.cluster.routers import LeastOutstanding, RoundRobin
+from kvstudy.cluster.routers import RoundRobin
 from kvstudy.errors import ConfigError, KvStudyError
 from kvstudy.workloads.requests import make_requests
 

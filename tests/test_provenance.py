@@ -2,9 +2,7 @@
 when its config and its code fingerprint match; resume=config / never; bad folders named in one line."""
 import json
 import re
-import sys
 import textwrap
-import warnings
 
 import pytest
 

@@ -254,7 +254,7 @@ def _check_hardware(plain: dict) -> None:
     if gpu is not None and isinstance(calibrated, bool) and calibrated != gpu.calibrated and \
             not _own_compute_profiles(hw):
         fact = (f"borrows {gpu.calibration}'s fitted efficiencies (no measurement of {device})" if not gpu.calibrated
-                else f"is fitted to its own measurements")
+                else "is fitted to its own measurements")
         raise ConfigError(f"hardware.calibrated={str(calibrated).lower()}: device '{device}' {fact}; allowed: "
                           f"{str(gpu.calibrated).lower()} (kvstudy/profiles/devices.py), or true with compute "
                           f"profiles of one's own (hardware.profiles.root)")

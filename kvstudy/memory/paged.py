@@ -36,7 +36,7 @@ validating a policy's decision against them. ``PagedMemory(..., prefix_caching=T
 """
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Optional
 
 from kvstudy.config.validate import check_group
 from kvstudy.errors import ConfigError

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The sweeps whose results a refactoring must leave bit-identical (issue 45's acceptance), run from checkout SRC into
-# OUT; then `python bench/compare_runs.py BEFORE_OUT AFTER_OUT`. prefix_mooncake needs the shared data: a worktree
+# The sweeps whose results a refactoring must leave bit-identical (issues 45 and 56: 1,501 + 248 + 42 runs), run from
+# checkout SRC into OUT; then `python bench/compare_runs.py BEFORE_OUT AFTER_OUT`. prefix_mooncake needs the shared data: a worktree
 # outside the project folder finds it through KVSTUDY_SHARED=/path/to/shared/reference.
 #   git worktree add /tmp/base <commit>
 #   bash bench/compare_set.sh /tmp/base /tmp/cmp/before 1 && bash bench/compare_set.sh . /tmp/cmp/after 1
@@ -20,3 +20,10 @@ r three_papers +experiment=three_papers
 r cacheopt_ablation +experiment=cacheopt_ablation workload=sharegpt demand.scale=0.25 workload.num_requests=2000
 r cluster_lmsys +experiment=cluster_lmsys
 r prefix_mooncake +experiment=prefix_mooncake workload.num_requests=2000 memory.capacity_tokens=131072,auto
+# the hardware study (issue 48: 248 runs) and the offload study (issue 49: 42 runs), as kvstudy.reproduce runs them
+r hardware_rr_sjf +experiment=hardware_rr_sjf
+r hardware_table1 +experiment=hardware_table1
+r hardware +experiment=hardware
+r hardware_cacheopt +experiment=hardware_cacheopt
+r offload_mooncake +experiment=offload_mooncake
+r offload_mooncake_cluster +experiment=offload_mooncake_cluster

@@ -28,39 +28,39 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 CORE = ("kvstudy/engine", "kvstudy/memory", "kvstudy/policies", "kvstudy/cacheopt", "kvstudy/cluster", "kvstudy/costs")
 
-_STEP = ["tests/test_step_engine.py", "tests/test_decode_block_check.py", "tests/test_decode_runs.py",
-         "tests/test_mutation_gaps.py"]
-_ADMISSION = ["tests/test_policies.py", "tests/test_mcsf_incremental.py", "tests/test_protection.py",
-              "tests/test_admission_paged.py", "tests/test_mutation_gaps.py"]
-_CACHEOPT = ["tests/test_cacheopt_components.py", "tests/test_cacheopt_policy.py", "tests/test_cacheopt_inputs.py",
-             "tests/test_mutation_gaps.py"]
+_STEP = ["tests/engine/test_step_engine.py", "tests/engine/test_decode_block_check.py", "tests/engine/test_decode_runs.py",
+         "tests/mutation/test_mutation_gaps.py"]
+_ADMISSION = ["tests/policies/test_policies.py", "tests/policies/test_mcsf_incremental.py", "tests/policies/test_protection.py",
+              "tests/policies/test_admission_paged.py", "tests/mutation/test_mutation_gaps.py"]
+_CACHEOPT = ["tests/cacheopt/test_cacheopt_components.py", "tests/cacheopt/test_cacheopt_policy.py", "tests/cacheopt/test_cacheopt_inputs.py",
+             "tests/mutation/test_mutation_gaps.py"]
 #: module (a file, or a folder for every file in it not named on its own) -> the test files that cover it; the most
 #: specific key wins
 TESTS = {
-    "kvstudy/engine": _STEP + ["tests/test_events.py", "tests/test_admission_paged.py", "tests/test_reserving.py"],
-    "kvstudy/engine/events.py": ["tests/test_events.py", "tests/test_step_engine.py"],
-    "kvstudy/engine/paper_setting.py": ["tests/test_policies.py", "tests/test_mcsf_incremental.py"],
-    "kvstudy/memory": _STEP + ["tests/test_capacity_vllm.py", "tests/test_admission_paged.py"],
-    "kvstudy/memory/paper.py": ["tests/test_policies.py", "tests/test_mcsf_incremental.py"],
-    "kvstudy/memory/prefix.py": ["tests/test_prefix_cache.py", "tests/test_prefix_engine.py", "tests/test_offload.py",
-                                "tests/test_mutation_gaps.py"],
-    "kvstudy/memory/offload.py": ["tests/test_offload.py", "tests/test_mutation_gaps.py"],
+    "kvstudy/engine": _STEP + ["tests/engine/test_events.py", "tests/policies/test_admission_paged.py", "tests/policies/test_reserving.py"],
+    "kvstudy/engine/events.py": ["tests/engine/test_events.py", "tests/engine/test_step_engine.py"],
+    "kvstudy/engine/paper_setting.py": ["tests/policies/test_policies.py", "tests/policies/test_mcsf_incremental.py"],
+    "kvstudy/memory": _STEP + ["tests/memory/test_capacity_vllm.py", "tests/policies/test_admission_paged.py"],
+    "kvstudy/memory/paper.py": ["tests/policies/test_policies.py", "tests/policies/test_mcsf_incremental.py"],
+    "kvstudy/memory/prefix.py": ["tests/memory/test_prefix_cache.py", "tests/memory/test_prefix_engine.py", "tests/memory/test_offload.py",
+                                "tests/mutation/test_mutation_gaps.py"],
+    "kvstudy/memory/offload.py": ["tests/memory/test_offload.py", "tests/mutation/test_mutation_gaps.py"],
     "kvstudy/policies": _ADMISSION,
-    "kvstudy/policies/vllm.py": _STEP + ["tests/test_capacity_vllm.py", "tests/test_cache_orders.py"],
-    "kvstudy/policies/step.py": _STEP + ["tests/test_rr_sjf.py"],
-    "kvstudy/policies/rr_sjf.py": ["tests/test_rr_sjf.py"] + _STEP,
-    "kvstudy/policies/reserving.py": ["tests/test_reserving.py", "tests/test_decode_runs.py",
-                                      "tests/test_mutation_gaps.py"],
-    "kvstudy/policies/cache_orders.py": ["tests/test_cache_orders.py", "tests/test_mutation_gaps.py"],
+    "kvstudy/policies/vllm.py": _STEP + ["tests/memory/test_capacity_vllm.py", "tests/policies/test_cache_orders.py"],
+    "kvstudy/policies/step.py": _STEP + ["tests/policies/test_rr_sjf.py"],
+    "kvstudy/policies/rr_sjf.py": ["tests/policies/test_rr_sjf.py"] + _STEP,
+    "kvstudy/policies/reserving.py": ["tests/policies/test_reserving.py", "tests/engine/test_decode_runs.py",
+                                      "tests/mutation/test_mutation_gaps.py"],
+    "kvstudy/policies/cache_orders.py": ["tests/policies/test_cache_orders.py", "tests/mutation/test_mutation_gaps.py"],
     "kvstudy/cacheopt": _CACHEOPT,
-    "kvstudy/cacheopt/slo.py": ["tests/test_slo.py", "tests/test_cacheopt_study.py"],
-    "kvstudy/cacheopt/study.py": ["tests/test_cacheopt_study.py"],
-    "kvstudy/cacheopt/setup.py": ["tests/test_cacheopt_policy.py", "tests/test_cacheopt_study.py"],
-    "kvstudy/cluster": ["tests/test_routers.py", "tests/test_cluster.py", "tests/test_mutation_gaps.py"],
-    "kvstudy/costs": ["tests/test_capacity_vllm.py", "tests/test_capacity_docs.py", "tests/test_step_engine.py",
-                      "tests/test_offload.py", "tests/test_mutation_gaps.py"],
-    "kvstudy/costs/predictors.py": ["tests/test_rr_sjf.py", "tests/test_cacheopt_inputs.py"],
-    "kvstudy/costs/arch.py": ["tests/test_capacity_vllm.py", "tests/test_configs.py", "tests/test_workloads.py"],
+    "kvstudy/cacheopt/slo.py": ["tests/cacheopt/test_slo.py", "tests/cacheopt/test_cacheopt_study.py"],
+    "kvstudy/cacheopt/study.py": ["tests/cacheopt/test_cacheopt_study.py"],
+    "kvstudy/cacheopt/setup.py": ["tests/cacheopt/test_cacheopt_policy.py", "tests/cacheopt/test_cacheopt_study.py"],
+    "kvstudy/cluster": ["tests/cluster/test_routers.py", "tests/cluster/test_cluster.py", "tests/mutation/test_mutation_gaps.py"],
+    "kvstudy/costs": ["tests/memory/test_capacity_vllm.py", "tests/memory/test_capacity_docs.py", "tests/engine/test_step_engine.py",
+                      "tests/memory/test_offload.py", "tests/mutation/test_mutation_gaps.py"],
+    "kvstudy/costs/predictors.py": ["tests/policies/test_rr_sjf.py", "tests/cacheopt/test_cacheopt_inputs.py"],
+    "kvstudy/costs/arch.py": ["tests/memory/test_capacity_vllm.py", "tests/config/test_configs.py", "tests/studies/test_workloads.py"],
 }
 
 #: mutants no test can kill because no behaviour tells them apart: "module:line operator #occurrence" -> why

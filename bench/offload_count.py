@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.test_offload import HOST, HardwareSpec, SHARED_REFERENCE, load_model_arch, mooncake_segments, \
+from tests.memory.test_offload import HOST, HardwareSpec, SHARED_REFERENCE, load_model_arch, mooncake_segments, \
     reusable_tokens, run  # noqa: E402
 
 # Llama-3.1-8B's shapes with a context long enough for the synthetic trace's 191k-token prompts (the latency model is

@@ -1,8 +1,8 @@
 """Hydra compositions made once per machine and code, shared by pytest-xdist's workers.
 
 Parametrized tests that compose configs at collection (every option of every group, every policy) paid ~0.3 s of CPU
-per composition in each worker: ~20 s per worker for tests/test_bad_input_property.py, ~17 s for
-tests/test_conformance.py (issue 54's test-time budget). A composition is a pure function of the configs, the code and
+per composition in each worker: ~20 s per worker for tests/config/test_bad_input_property.py, ~17 s for
+tests/policies/test_conformance.py (issue 54's test-time budget). A composition is a pure function of the configs, the code and
 the Hydra / OmegaConf versions, so the first worker's results, stored under a digest of all of them in the temp folder
 (locked files, written atomically), are the ones every other worker would make; the workers share the composing out
 (``compose_each``)."""

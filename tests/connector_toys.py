@@ -1,4 +1,4 @@
-"""Toy KV connectors for tests/test_connector.py, importable by ``memory.connector._target_`` (a user's connector is
+"""Toy KV connectors for tests/memory/test_connector.py, importable by ``memory.connector._target_`` (a user's connector is
 any importable class implementing kvstudy/memory/connector.py's ``KVConnector``)."""
 from kvstudy.memory.connector import NoConnector
 

@@ -28,7 +28,7 @@ SMALL = {  # experiment -> overrides that shrink it (same code path, fewer and s
     "cluster_mooncake": ["+policy=vllm", "router=round_robin,prefix_affinity", "cluster.replicas=2",
                          "workload.num_requests=150", "memory.capacity_tokens=131072"],
     # the hardware study on the linear latency model: the notebook's code path without training a predictor per GPU
-    # (tests/test_hardware.py runs the study's hardware under Vidur)
+    # (tests/studies/test_hardware.py runs the study's hardware under Vidur)
     "hardware": ["+policy=mcsf,vllm,rr_sjf", "seed=0", "workload.num_requests=40", "latency=linear"],
     "hardware_table1": ["seed=0", "workload.num_requests=40", "latency=linear"],
     "hardware_rr_sjf": ["workload.num_requests=40", "latency=linear"],

@@ -182,8 +182,24 @@ def _protocol_members() -> set:
 
     out = set()
     for proto in (MemoryModel, PrefixIndex, KVConnector):
-        out |= set(getattr(proto, "__annotations__", {})) | {k for k in vars(proto) if not k.startswith("_")}
+        for part in proto.__mro__:  # MemoryModel: BlockAllocator, HostSwap, Loans and its own
+            if part.__module__.startswith("kvstudy."):
+                out |= set(getattr(part, "__annotations__", {})) | {k for k in vars(part) if not k.startswith("_")}
     return out
+
+
+def test_the_memory_protocol_is_its_parts_and_their_sizes_are_documented():
+    """docs/architecture.md gives each part's member count; a change to a protocol changes the page with it."""
+    from kvstudy.memory.base import BlockAllocator, HostSwap, Loans, MemoryModel, PrefixIndex
+    from kvstudy.memory.connector import KVConnector
+
+    def members(proto):
+        return {k for part in proto.__mro__ if part.__module__.startswith("kvstudy.")
+                for k in set(getattr(part, "__annotations__", {})) | {k for k in vars(part) if not k.startswith("_")}}
+
+    page = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    for proto in (BlockAllocator, HostSwap, Loans, MemoryModel, PrefixIndex, KVConnector):
+        assert f"`{proto.__name__}`, {len(members(proto))} members" in page, proto.__name__
 
 
 def _implementation_attributes() -> set:

@@ -7,7 +7,7 @@ never read. ``check_user_files`` reads every option the command line chooses fro
 experiment chooses) as Hydra would, and says what is wrong in one line naming the file and the line
 (``read_config_file``), that the file is not a mapping, or the key that is no setting of its group with the settings
 there are (the schema's, kvstudy/config/schema.py, for a group whose keys the schema knows). kvstudy's own ``conf/``
-passes the same check (tests/test_campaign54_inputs.py), so only a user's mistake is refused. Also here: the user's
+passes the same check (tests/config/test_campaign54_inputs.py), so only a user's mistake is refused. Also here: the user's
 folders (``search_dirs``) and the options an override chooses as Hydra's parser reads them (``choice_values``).
 """
 from __future__ import annotations

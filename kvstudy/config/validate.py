@@ -218,6 +218,8 @@ def _check_device_name(plain: dict) -> None:
 
     hw = plain.get("hardware") if isinstance(plain.get("hardware"), dict) else {}
     device = hw.get("device")
+    if "device" in hw:
+        check_value("hardware", hw, "device", device)  # a name at all (text), before what it names
     if isinstance(device, str) and device not in DEVICES and not _own_compute_profiles(hw):
         near = [d for d in DEVICES if d == device.strip().lower()]
         hint = f" (names are lower case: '{near[0]}')" if near else ""

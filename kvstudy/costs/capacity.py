@@ -36,7 +36,7 @@ Block rounding as vLLM's: ``memory=paged`` takes ``capacity_tokens // block_size
 ``num_gpu_blocks`` exactly (``memory.block_size``, 16 by default); ``memory=paper`` counts tokens and gets the same
 multiple of 16.
 
-The check against published vLLM logs (three, with their sources) is tests/test_capacity_vllm.py; profiles/README.md
+The check against published vLLM logs (three, with their sources) is tests/memory/test_capacity_vllm.py; profiles/README.md
 ("KV capacity as vLLM counts it") gives each term's figure. The MC-SF study keeps the paper's measured M = 16,492
 (App. C) as its default capacity.
 """

@@ -65,6 +65,7 @@ def check_pairing(policy, memory, max_batch, raise_prediction_on_eviction: bool,
         raise PolicyError(f"policy '{name}' ({type(policy).__name__}) is neither a step policy (preemptive = True "
                           f"and step(view): kvstudy/policies/step.py) nor an admission policy (order + admit: "
                           f"kvstudy/policies/base.py)")
-    if memory.prefix_caching and getattr(policy, "embedding", False):
+    if getattr(policy, "embedding", False) and not memory.supports_loans:  # loans: an optional capability (base.py)
+        which = "memory.prefix_caching=true" if memory.prefix_caching else f"memory={memory.name}"
         raise ConfigError(f"policy '{name}' embeds requests in others' blocks (policy.embedding=true), which "
-                          f"memory.prefix_caching=true does not model; set policy.embedding=false")
+                          f"{which} does not model; set policy.embedding=false")

@@ -4,7 +4,7 @@ prefill, stamp a token off the decode clock, finish.
 Each changes the run's state (state.py), the memory model (kvstudy/memory/base.py) and the decode clock together, so
 the three always agree; the engine's phases (loop.py) call them after the decision check (check.py) has passed. They
 act on what a :class:`Transitions` is given (the run's state, the memory, the event log, the run's conventions), not
-on the engine, so each can be tried on a hand-built state (tests/test_transitions.py). What an iteration moves
+on the engine, so each can be tried on a hand-built state (tests/engine/test_transitions.py). What an iteration moves
 (blocks swapped out and in) is returned to the caller, which keeps it with the iteration.
 """
 from __future__ import annotations

@@ -261,7 +261,7 @@ def _cut_from_larger(files: ProfileFiles, arch: ModelArch, hardware: HardwareSpe
     """The tables for ``settings`` cut from a cached build for more tokens with every other input the same (the
     next powers of two up to MAX_TABLE_TOKENS), or None. Vidur fits its operator models on the profiles alone;
     ``max_tokens`` only sets how far they are predicted, point by point, so the smaller tables are the larger one's
-    first rows, to the bit (tests/test_test_time.py compares a cut with a build). Kept under its own key, so the next
+    first rows, to the bit (tests/running/test_test_time.py compares a cut with a build). Kept under its own key, so the next
     load reads it directly (a cache that cannot be written: used this time all the same)."""
     size = settings.max_tokens * 2
     while size <= MAX_TABLE_TOKENS:

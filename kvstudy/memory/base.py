@@ -54,47 +54,19 @@ class PrefixIndex(Protocol):
 
 
 @runtime_checkable
-class MemoryModel(Protocol):
-    # --- what the model is (class attributes) ---
-    #: the ``memory`` group's option name, for messages and the run's summary
-    name: str
-    #: preemption modes the model can carry out: ``("recompute",)`` or ``("recompute", "swap")``
-    modes: tuple
-    #: the token convention it fixes: ``"paper"`` (o decode rounds after the prompt's round; an eviction restarts the
-    #: request) or ``"vllm"`` (o tokens, the first from the prefill; a recompute keeps them)
-    convention: str
-    #: True: KV is held per request in blocks and every decision is checked against the blocks the cache has;
-    #: False: counted in aggregate, admissions unchecked (over-commitment is caught as an overflow next round)
-    tracks_blocks: bool
-    #: True: vLLM's automatic prefix caching is on (a prefill may start past a cached prefix; ``cache_stats`` and
-    #: ``release_gain`` answer for shared blocks)
-    prefix_caching: bool
+class BlockAllocator(Protocol):
+    """Block allocation: the GPU's KV cache in blocks, what a request holds, vLLM's admission answer, and the changes
+    the engine makes (after checking a decision against the queries)."""
 
-    # --- sizes ---
+    # --- sizes and counters ---
     capacity_tokens: int  #: KV capacity, tokens
     block_size: int  #: tokens per block
     num_blocks: int  #: blocks the cache has
     watermark_blocks: int  #: blocks an admission must leave free (vLLM's watermark); 0 without one
-    host_blocks_total: int  #: host swap space, blocks (set by ``bind``)
-
-    # --- counters (read by the engine, the records and policies; changed only by the methods below) ---
     used: int  #: blocks in use (distinct blocks under prefix caching)
-    host_used: int  #: host blocks in use (swapped-out requests)
-    gpu: dict  #: request -> blocks it holds (shared ones included)
-    loans: dict  #: guest -> (host, blocks) lent to it (CacheOPT's embedding)
-
-    #: the prefix cache's index (``PrefixIndex`` above): what is cached and who shares it; "no cache" without caching
-    cache: PrefixIndex
-    #: the KV connector (kvstudy/memory/connector.py): what moves KV between this GPU and elsewhere (the offload
-    #: tiers, a user's store); ``NoConnector`` when nothing does. The engine times its loads; records read its summary
-    connector: "KVConnector"
-
-    # --- set-up ---
-    def bind(self, kv_bytes_per_token_per_gpu: int) -> None:
-        """Start a run: size the host space for one GPU's KV bytes per token and clear every counter."""
-
-    def set_segments(self, segments) -> None:
-        """The run's requests' shared content (``Requests.segments``; prefix caching keys blocks by it)."""
+    gpu: dict  #: request -> blocks it holds (shared ones included); the memory owns it, others only read it
+    #: when a running request may decode: ``"vllm"`` (a free block at every decode's turn) or ``"boundary"``
+    decode_block_check: str
 
     # --- queries ---
     def blocks(self, tokens: int) -> int:
@@ -115,7 +87,47 @@ class MemoryModel(Protocol):
         each) exceed the memory?"""
 
     def can_allocate(self, need_blocks: int, free: int = None) -> str:
-        """vLLM's admission answer for a prefill of ``need_blocks``: ``"ok"``, ``"later"`` or ``"never"``."""
+        """vLLM's admission answer for a prefill of ``need_blocks``: ``OK``, ``LATER`` or ``NEVER`` (above)."""
+
+    def start_blocks(self, i: int, tokens: int, dropped=()) -> int:
+        """Free blocks request i's prefill of ``tokens`` takes now (less any it shares: prefix caching)."""
+
+    def freed_by(self, i: int) -> int:
+        """Blocks preempting request i alone frees (not those it shares)."""
+
+    def release_gain(self, requests: Iterable[int]) -> Tuple[int, set]:
+        """(blocks freed, shared keys no longer in use) if every request in ``requests`` gives its blocks back."""
+
+    def cached_tokens(self, i: int, tokens: int) -> int:
+        """Tokens of request i's first ``tokens`` a prefill starting now would skip (0 without prefix caching)."""
+
+    def keys(self, i: int, tokens: int) -> list:
+        """Keys of request i's full blocks within its first ``tokens`` (prefix caching; empty without it)."""
+
+    def cache_stats(self) -> Tuple[int, int]:
+        """Prefix caching's (blocks holding a cached prefix, evictions so far); (0, 0) without a cache."""
+
+    # --- changes (the engine only, after checking) ---
+    def hold(self, i: int, blocks: int) -> int:
+        """Request i holds ``blocks`` blocks (never fewer than now); returns the blocks added (allocate, grow)."""
+
+    def start(self, i: int, tokens: int) -> int:
+        """Request i starts a prefill of ``tokens`` tokens and takes their blocks; returns the tokens it skips (its
+        cached prefix, found on the GPU or supplied by the connector; 0 without prefix caching)."""
+
+    def advance(self, i: int, computed: int) -> None:
+        """Request i's prefill has scheduled ``computed`` tokens (prefix caching caches their full blocks)."""
+
+    def release(self, i: int, computed: int = 0) -> int:
+        """Free request i's blocks (``computed``: its tokens whose KV was computed); returns the blocks it held."""
+
+
+@runtime_checkable
+class HostSwap(Protocol):
+    """Host swap space (vLLM's ``--swap-space``): a preempted request's blocks copied to the host and back."""
+
+    host_blocks_total: int  #: host swap space, blocks (set by ``bind``)
+    host_used: int  #: host blocks in use (swapped-out requests)
 
     def host_has_room(self, blocks: int) -> bool:
         """Can ``blocks`` more be swapped out to the host?"""
@@ -126,47 +138,8 @@ class MemoryModel(Protocol):
     def swap_in_blocks(self, i: int, context_tokens: int) -> int:
         """Blocks swapped-out request i holds once back on the GPU to decode with ``context_tokens`` of context."""
 
-    def start_blocks(self, i: int, tokens: int, dropped=()) -> int:
-        """Free blocks request i's prefill of ``tokens`` takes now (less any it shares: prefix caching)."""
-
-    def release_gain(self, requests: Iterable[int]) -> Tuple[int, set]:
-        """(blocks freed, shared keys no longer in use) if every request in ``requests`` gives its blocks back."""
-
-    def cache_stats(self) -> Tuple[int, int]:
-        """Prefix caching's (blocks holding a cached prefix, evictions so far); (0, 0) without a cache."""
-
-    def describe(self) -> dict:
-        """The model's settings for the run's summary."""
-
-    # --- what policies also read to plan a step (vLLM's family, Sarathi, CacheOPT, the cache-aware orders) ---
-    #: when a running request may decode: ``"vllm"`` (a free block at every decode's turn) or ``"boundary"``
-    decode_block_check: str
-
     def can_swap_in(self, i: int, free: int = None) -> str:
-        """vLLM's answer for swapping request i back in: ``"ok"``, ``"later"`` or ``"never"``."""
-
-    def freed_by(self, i: int) -> int:
-        """Blocks preempting request i alone frees (not those it shares)."""
-
-    def cached_tokens(self, i: int, tokens: int) -> int:
-        """Tokens of request i's first ``tokens`` a prefill starting now would skip (0 without prefix caching)."""
-
-    def keys(self, i: int, tokens: int) -> list:
-        """Keys of request i's full blocks within its first ``tokens`` (prefix caching; empty without it)."""
-
-    # --- changes (the engine only, after checking) ---
-    def hold(self, i: int, blocks: int) -> int:
-        """Request i holds ``blocks`` blocks (never fewer than now); returns the blocks added."""
-
-    def start(self, i: int, tokens: int) -> int:
-        """Request i starts a prefill of ``tokens`` tokens and takes their blocks; returns the tokens it skips (its
-        cached prefix; 0 without prefix caching)."""
-
-    def advance(self, i: int, computed: int) -> None:
-        """Request i's prefill has scheduled ``computed`` tokens (prefix caching caches their full blocks)."""
-
-    def release(self, i: int, computed: int = 0) -> int:
-        """Free request i's blocks (``computed``: its tokens whose KV was computed); returns the blocks it held."""
+        """vLLM's answer for swapping request i back in: ``OK``, ``LATER`` or ``NEVER``."""
 
     def swap_out(self, i: int, computed: int = 0) -> int:
         """Move request i's blocks to the host; returns them."""
@@ -174,5 +147,52 @@ class MemoryModel(Protocol):
     def swap_in(self, i: int) -> int:
         """Bring request i's blocks back from the host; returns them."""
 
+
+@runtime_checkable
+class Loans(Protocol):
+    """CacheOPT's embedding (Shen et al. Sec. 3.3.1): a running host lends blocks it holds but does not use to a guest
+    starting its prefill. A capability, not a duty: ``supports_loans`` says whether a model has it, and a policy that
+    lends (``policy.embedding=true``) is refused on one that has not (kvstudy/engine/assembly.py)."""
+
+    supports_loans: bool
+    loans: dict  #: guest -> (host, blocks) lent to it; empty on a model without loans
+
     def lend(self, host: int, guest: int, blocks: int) -> None:
-        """Move ``blocks`` of the host's held blocks to the guest (CacheOPT's embedding)."""
+        """Move ``blocks`` of the host's held blocks to the guest."""
+
+
+@runtime_checkable
+class MemoryModel(BlockAllocator, HostSwap, Loans, Protocol):
+    """A memory model: block allocation, host swap space and loans (above), the prefix index (``cache``) and the KV
+    connector (``connector``) as objects of their own, and what the model is."""
+
+    # --- what the model is (class attributes) ---
+    #: the ``memory`` group's option name, for messages and the run's summary
+    name: str
+    #: preemption modes the model can carry out: ``("recompute",)`` or ``("recompute", "swap")``
+    modes: tuple
+    #: the token convention it fixes: ``"paper"`` (o decode rounds after the prompt's round; an eviction restarts the
+    #: request) or ``"vllm"`` (o tokens, the first from the prefill; a recompute keeps them)
+    convention: str
+    #: True: KV is held per request in blocks and every decision is checked against the blocks the cache has;
+    #: False: counted in aggregate, admissions unchecked (over-commitment is caught as an overflow next round)
+    tracks_blocks: bool
+    #: True: vLLM's automatic prefix caching is on (a prefill may start past a cached prefix; ``cache_stats`` and
+    #: ``release_gain`` answer for shared blocks)
+    prefix_caching: bool
+
+    #: the prefix cache's index (``PrefixIndex`` above): what is cached and who shares it; "no cache" without caching
+    cache: PrefixIndex
+    #: the KV connector (kvstudy/memory/connector.py): what moves KV between this GPU and elsewhere (the offload
+    #: tiers, a user's store); ``NoConnector`` when nothing does. The engine times its loads; records read its summary
+    connector: "KVConnector"
+
+    # --- set-up ---
+    def bind(self, kv_bytes_per_token_per_gpu: int) -> None:
+        """Start a run: size the host space for one GPU's KV bytes per token and clear every counter."""
+
+    def set_segments(self, segments) -> None:
+        """The run's requests' shared content (``Requests.segments``; prefix caching keys blocks by it)."""
+
+    def describe(self) -> dict:
+        """The model's settings for the run's summary."""

@@ -62,6 +62,8 @@ class PagedMemory:
     convention = "vllm"
     #: True: KV held per request in blocks; every decision is checked against the blocks the cache has
     tracks_blocks = True
+    #: CacheOPT's loans (kvstudy/memory/base.py's ``Loans``): modelled here, not with prefix caching
+    supports_loans = True
 
     def __init__(self, capacity_tokens: int, block_size: int = 16, watermark: float = 0.01,
                  swap_space_gb: float = 4.0, decode_block_check: str = "vllm", name: str = "paged",
@@ -294,6 +296,8 @@ class PrefixCachingMemory(PagedMemory):
     and kvstudy/memory/prefix.py give its semantics): the same interface, the cache behind it. ``used`` counts
     distinct blocks; a prefill starts past its longest cached prefix of whole blocks; full blocks are cached as they
     are scheduled and when their request leaves. Loans (CacheOPT's embedding) are not modelled with caching."""
+
+    supports_loans = False
 
     def bind(self, kv_bytes_per_token_per_gpu: int) -> None:
         super().bind(kv_bytes_per_token_per_gpu)

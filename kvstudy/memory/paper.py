@@ -31,6 +31,7 @@ class PaperMemory:
     convention = "paper"
     #: False: KV is counted in aggregate; admissions are not checked against capacity (over-commitment possible)
     tracks_blocks = False
+    supports_loans = False  # nothing is held per request to lend
     prefix_caching = False
     #: nothing outside the GPU (kvstudy/memory/connector.py): the paper's memory moves no KV
     connector = NoConnector()

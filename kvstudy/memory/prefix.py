@@ -1,7 +1,7 @@
 """vLLM's automatic prefix caching, counted in blocks (issue 36; vLLM's design doc "Automatic Prefix Caching" and its
 v1 ``block_pool.py`` / ``kv_cache_manager.py``): the block bookkeeping that ``PagedMemory(prefix_caching=True)``
 (kvstudy/memory/paged.py) runs on. Hand-worked tests and the independent count on Mooncake's traces:
-tests/test_prefix_cache.py.
+tests/memory/test_prefix_cache.py.
 
 * A block is named by a *key* that identifies everything up to its end: two requests share a block only if their
   contents agree up to and including it (vLLM: ``hash(parent hash, block tokens)``). Keys come from the workload's

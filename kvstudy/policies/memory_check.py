@@ -137,7 +137,7 @@ def authors_steps(now: float, batch_time: float):
     then are that time minus ``now``, floor-divided by ``batch_time``. That is k, or k - 1 when the two roundings
     land just below (now = 1.0, batch_time = 0.05, k = 3 gives 2; with 0.05 it happens at about half of all
     points). numpy's float64 floor division is Python's
-    (tests/test_authors_code.py checks both against Python floats)."""
+    (tests/policies/test_authors_code.py checks both against Python floats)."""
     def steps(points: np.ndarray) -> np.ndarray:
         at = now + points * batch_time
         return ((at - now) // batch_time).astype(np.int64)

@@ -73,7 +73,7 @@ def test_dry_run_prints_every_command(capsys):
 
 def test_overrides_replace_the_commands_own_key(capsys, monkeypatch):
     # the command lines only: the values' pre-check composes every run of the paper's 25 experiments (~20 s); it has
-    # its own tests (tests/test_campaign54_inputs.py)
+    # its own tests (tests/config/test_campaign54_inputs.py)
     from kvstudy.running import precheck
 
     monkeypatch.setattr(precheck, "check_runs", lambda argv, sweep=True: 1)

@@ -17,8 +17,8 @@ from kvstudy.policies.rr_sjf import SJF, QueuedVLLM, RoundRobin, RRSJF
 from kvstudy.policies.vllm import VLLM, Sarathi
 from tests.conftest import make_instance
 from tests.step_helpers import step_engine
-from tests.test_routers import loads
-from tests.test_offload import ABC, A, B, C, BLOCK_BYTES, D0, D1, first_prefill, run
+from tests.cluster.test_routers import loads
+from tests.memory.test_offload import ABC, A, B, C, BLOCK_BYTES, D0, D1, first_prefill, run
 
 
 # --- 1. vLLM's preemption victim: the back of the running list (three requests) ----------------------------------
@@ -78,7 +78,7 @@ def test_the_same_start_fits_when_its_blocks_and_the_growth_fit():
 @pytest.mark.parametrize("tier", ["host", "disk"])
 def test_a_one_tier_load_takes_the_read_bandwidth(tier):
     """A tier alone with read 7 GB/s and write 5 GB/s (``paged_offload``'s disk): C loads A's three evicted blocks
-    (choice=load; tests/test_offload.py's instance), and its first prefill takes D0 + 16 D1 (the 16 tokens it
+    (choice=load; tests/memory/test_offload.py's instance), and its first prefill takes D0 + 16 D1 (the 16 tokens it
     computes) + 3 blocks / 7 GB/s, not / 5 GB/s (writes are asynchronous and cost no time)."""
     result, _ = run(ABC, [A, B, C], choice="load", **{f"{tier}_gb": 1.0, f"{tier}_read_gbps": 7.0,
                                                        f"{tier}_write_gbps": 5.0})
@@ -265,7 +265,7 @@ def test_a_router_is_usable_before_a_run_resets_it():
 
 
 def test_two_tiers_each_read_at_its_own_read_bandwidth():
-    """tests/test_offload.py's host-over-disk instance with every bandwidth different (host read 20, write 40; disk
+    """tests/memory/test_offload.py's host-over-disk instance with every bandwidth different (host read 20, write 40; disk
     read 7, write 5 GB/s): C loads blocks 0 and 1 from the host and block 2 from the disk, so its first prefill takes
     D0 + 16 D1 + 2 blocks / 20 GB/s + 1 block / 7 GB/s (no write is timed)."""
     result, _ = run(ABC, [A, B, C], host_gb=2 * BLOCK_BYTES / 1e9, host_read_gbps=20.0, host_write_gbps=40.0,

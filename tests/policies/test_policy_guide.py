@@ -2,7 +2,7 @@
 (``<!-- file: PATH -->`` before a fenced block), the command lines it shows run exactly as shown
 (``<!-- run -->`` before a bash block, one command per line, ``\\`` continuing a line; ``<!-- run: python -->`` before
 a Python block), with HOME set to that folder; then each of its policies through the checks every built-in policy
-gets (tests/test_conformance.py)."""
+gets (tests/policies/test_conformance.py)."""
 import os
 import re
 import subprocess
@@ -19,7 +19,7 @@ from kvstudy.running.paths import REPO_ROOT
 from kvstudy.policies.base import Policy
 from kvstudy.policies.step import StepPolicy
 from tests.step_helpers import step_engine
-from tests.test_conformance import assert_deterministic, instance, run
+from tests.policies.test_conformance import assert_deterministic, instance, run
 
 PAGE = REPO_ROOT / "docs" / "policies.md"
 BLOCK = re.compile(r"^<!-- (?:file: (?P<path>\S+)|run(?P<python>: python)?) -->\n```[\w-]*\n(?P<body>.*?)^```",
@@ -127,7 +127,7 @@ def memories(policy):
 
 @pytest.mark.parametrize("name", sorted(POLICY_YAMLS))
 def test_conformance(name, build):
-    """The checks of tests/test_conformance.py on the page's policies: builds from its YAML with its name, finishes
+    """The checks of tests/policies/test_conformance.py on the page's policies: builds from its YAML with its name, finishes
     random small instances (all requests done, memory never exceeded), deterministic, picklable, no state kept
     between runs."""
     policy = build(name)

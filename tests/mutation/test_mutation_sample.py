@@ -60,7 +60,7 @@ def test_a_decode_only_decision_without_blocks_for_the_growth_is_refused_at_once
 
 # --- an overflow's cost when the latency model reads produced tokens ------------------------------------------------
 def test_an_overflow_under_the_authors_formula_costs_the_overflowing_batch():
-    """tests/test_admission_paged.py's alpha-greedy overflow (prompts 3, outputs 7, 3 blocks of 4) timed by the MC-SF
+    """tests/policies/test_admission_paged.py's alpha-greedy overflow (prompts 3, outputs 7, 3 blocks of 4) timed by the MC-SF
     authors' formula: the clearing event costs the overflowing batch, 2 decodes whose produced tokens sum to 2 + 2
     = 4 (mean 2 per job): ((0.0027 x 2 + 0.52) x 2 + 44.6) / 1000 s."""
     req = make_instance(np.array([3, 3]), np.array([7, 7]))

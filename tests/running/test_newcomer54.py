@@ -173,8 +173,8 @@ def test_policy_guide_quotes_what_is_printed(tmp_path, monkeypatch):
     from kvstudy import api
     from kvstudy.config.validate import check_overrides
     page = (DOCS / "policies.md").read_text()
-    # the page's files as tests/test_policy_guide.py writes them (``<!-- file: PATH -->`` before a fenced block;
-    # importing that module would import tests/test_conformance.py, 18 s)
+    # the page's files as tests/policies/test_policy_guide.py writes them (``<!-- file: PATH -->`` before a fenced block;
+    # importing that module would import tests/policies/test_conformance.py, 18 s)
     for path, body in re.findall(r"^<!-- file: (\S+) -->\n```[\w-]*\n(.*?)^```", page, re.M | re.S):
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / path).write_text(body)

@@ -59,7 +59,7 @@ def test_warm_load_reads_cache(llama_tp2_latency):
     from kvstudy.latency import models
 
     # the same process keeps what it loaded (sweep workers run many runs); another test on this worker may have
-    # cleared the memo since the fixture loaded it (tests/test_test_time.py does), so load once, then again
+    # cleared the memo since the fixture loaded it (tests/running/test_test_time.py does), so load once, then again
     first = vidur(load_model_arch("llama2_70b"), TP2, capacity_tokens=16492)
     again = vidur(load_model_arch("llama2_70b"), TP2, capacity_tokens=16492)
     assert again.info["source"] == "memory"

@@ -183,7 +183,7 @@ def test_keys_of_a_users_own_policy_and_options_not_found(tmp_path):
     from kvstudy.config.validate import check_overrides
 
     (tmp_path / "policy").mkdir()
-    # a _target_ of one's own (MCSF's would refuse the file: it takes no aging, tests/test_campaign54_inputs.py)
+    # a _target_ of one's own (MCSF's would refuse the file: it takes no aging, tests/config/test_campaign54_inputs.py)
     (tmp_path / "policy" / "mine.yaml").write_text("_target_: my_policies.Mine\nname: mine\naging: 0\n")
     search = f"hydra.searchpath=[file://{tmp_path}]"
     check_overrides([search, "+policy=mine", "policy.aging=100"])  # the user's own key is a key

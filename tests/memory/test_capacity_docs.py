@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MARKER = "measured at the earlier capacity"
 
 #: former ``auto`` capacity (tokens) -> (model, hardware) it was computed for

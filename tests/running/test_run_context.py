@@ -30,14 +30,14 @@ class BadHook(MCSF):
 
 
 def test_hooks_are_called_for_any_policy():
-    cfg = api.compose(["+policy=mcsf", "policy._target_=tests.test_run_context.Hooked", "seed=3"] + SMALL)
+    cfg = api.compose(["+policy=mcsf", "policy._target_=tests.running.test_run_context.Hooked", "seed=3"] + SMALL)
     result, _ = api.simulate(cfg)
     assert Hooked.seen == {"n": 30, "capacity": 16492, "seed": 3, "model": "llama2_70b", "simulate": True}
     assert (result.requests["hooked"] == 3).all() and result.extra["hooked"]
 
 
 def test_a_hook_returning_an_unknown_engine_input_is_named():
-    cfg = api.compose(["+policy=mcsf", "policy._target_=tests.test_run_context.BadHook"] + SMALL)
+    cfg = api.compose(["+policy=mcsf", "policy._target_=tests.running.test_run_context.BadHook"] + SMALL)
     with pytest.raises(PolicyError, match="before_run returns None or a dict with keys among"):
         api.simulate(cfg)
 

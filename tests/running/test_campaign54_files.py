@@ -414,7 +414,7 @@ def test_a_sweep_whose_run_folder_another_process_writes_skips_it_and_says_so(tm
 
 
 def test_without_preemption_a_lookup_per_request_gives_the_earlier_number():
-    """Requests one at a time (no preemption; tests/test_offload.py's A, B, C: C loads A's three blocks from the host
+    """Requests one at a time (no preemption; tests/memory/test_offload.py's A, B, C: C loads A's three blocks from the host
     after B evicted them): each request looks up once, its prompt, so the per-lookup rate is the number the offload
     study printed (loaded tokens over the started requests' prompt tokens): 48 / (48 + 64 + 64)."""
     from kvstudy.costs.swap_models import PcieSwap

@@ -232,7 +232,7 @@ def test_policy_and_memory_must_match():
     with pytest.raises(ConfigError, match="needs memory=paged"):
         api.simulate(api.compose(["+policy=vllm", "memory=paper", "+demand=high", "latency=linear",
                                   "workload.num_requests=5", "engine.progress=false"]))
-    # an admission-only policy runs on paged memory through the engine's adapter (tests/test_admission_paged.py)
+    # an admission-only policy runs on paged memory through the engine's adapter (tests/policies/test_admission_paged.py)
     with pytest.raises(ConfigError, match="policy.preemption_mode='both'"):
         api.build_policy(api.compose(["+policy=vllm", "policy.preemption_mode=both"]))
 

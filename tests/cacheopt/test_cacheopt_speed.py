@@ -4,7 +4,7 @@ The step was made ~2-4x cheaper (kvstudy/cacheopt/queue.py keeps the waiting que
 one pass over the running requests serves the proactive top-ups, the embedding hosts and step 10's links; the best
 host is found by bisection; the allocation's bisection stops once its bracket cannot shrink and sums as numpy does
 without numpy). Every decision of every step of the runs below is hashed. The faster step (commit e16869a) gave the
-hashes the code before it gave (commit 446dded: ``PYTHONPATH=<that checkout> python tests/test_cacheopt_speed.py``);
+hashes the code before it gave (commit 446dded: ``PYTHONPATH=<that checkout> python tests/cacheopt/test_cacheopt_speed.py``);
 the review fixes of step 10's link that followed change decisions by design, and the hashes were recorded again
 after them. A later change that moves any decision fails here: say why, then record them again.
 """

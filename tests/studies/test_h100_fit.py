@@ -27,7 +27,7 @@ def _medians(result):
 
 @pytest.fixture(scope="module")
 def h100_fit():
-    """The committed fit: tests/test_hardware.py checks that it is what ``calibrate`` gives from the shared files (one
+    """The committed fit: tests/studies/test_hardware.py checks that it is what ``calibrate`` gives from the shared files (one
     fit of ~3 s per suite, not two)."""
     return json.loads(calibration_file("h100").read_text())
 
@@ -71,7 +71,7 @@ def test_h100_down_proj_rows_are_not_monotone_in_tokens():
 
 
 def test_a100_keeps_the_plain_roofline():
-    """No phi in A100's calibration (its profiles rebuild byte for byte: tests/test_profiles.py); phi = 0 is the
+    """No phi in A100's calibration (its profiles rebuild byte for byte: tests/studies/test_profiles.py); phi = 0 is the
     roofline; phi > 0 adds phi x compute to the memory time."""
     a100 = json.loads(calibration_file("a100").read_text())
     assert all("phi" not in p for p in a100["mlp_ops"].values())

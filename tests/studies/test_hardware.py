@@ -81,7 +81,7 @@ def test_rebuild_matches_committed_network_profiles(tmp_path):
 @needs_shared
 def test_h100_calibration_against_vidur_real_h100_measurements():
     """The H100 fit's error per operator, all three calibration models pooled: every GEMM's median within 8.2% (the
-    ECM-overlap fit's 6.64 / 6.39 / 5.19 / 8.12%, issue 54; per-GEMM bounds in tests/test_h100_fit.py), every
+    ECM-overlap fit's 6.64 / 6.39 / 5.19 / 8.12%, issue 54; per-GEMM bounds in tests/studies/test_h100_fit.py), every
     intra-node all-reduce's within 10%; the committed fit is the one these files give."""
     from kvstudy.profiles.calibration import calibrate
 

@@ -15,11 +15,11 @@ from tests.conftest import make_instance
 BLOCK_BYTES = 1000  # one block's bytes over every GPU
 
 
-def setup(prompts, outputs, capacity=32, swap_gb=1.0, events=False):
+def setup(prompts, outputs, capacity=32, swap_gb=1.0, events=False, watermark=0.0):
     """Requests waiting, a paged memory of blocks of 4 tokens (host space of ``swap_gb`` GiB at 250 bytes per token
     per GPU), and the transitions over them."""
     req = make_instance(prompts, outputs)
-    mem = PagedMemory(capacity, block_size=4, watermark=0.0, swap_space_gb=swap_gb)
+    mem = PagedMemory(capacity, block_size=4, watermark=watermark, swap_space_gb=swap_gb)
     mem.bind(250)
     st = RunState(req, req.output_tokens, paper=False, block_size=4, held=mem.gpu, own_queue_orders=False)
     for i in range(st.n):
@@ -85,6 +85,20 @@ def test_a_recompute_that_can_never_fit_again_is_rejected():
     assert st.request_state[0] == REJECTED and "needs 9 blocks" in st.reject_reason[0]
     events, _ = act.events.tables(st.requests.request_id)
     assert events[["kind", "mode", "tokens"]].values.tolist()[-2:] == [["preempt", "recompute", 32], ["reject", "", 0]]
+
+
+def test_the_rejection_says_what_the_watermark_leaves():
+    """8 blocks of 4 with a watermark of 25% (2 blocks): A (prompt 20) has made 5 tokens; its recompute of 25 tokens
+    needs 7 blocks, and 8 - 7 < 2: never. The reason names the 7 blocks and the 8 - 2 = 6 the watermark leaves."""
+    st, mem, act = setup([20], [10], capacity=32, watermark=0.25)
+    decoding(st, act, 0)
+    st.clock.stop(0)
+    st.clock.tokens[0] = 5
+    st.clock.start(0, 5)
+    act.preempt(0, RECOMPUTE, 1.0)
+    assert st.request_state[0] == REJECTED
+    assert st.reject_reason[0] == ("recompute after preemption needs 7 blocks for prompt + generated = 25 tokens; "
+                                   "the watermark leaves 6")
 
 
 def test_finish_frees_the_blocks_and_stamps_the_completion():

@@ -41,11 +41,13 @@ def test_a_lend_entry_that_is_not_a_triple_is_refused(entry):
         step_engine(make_instance([4, 4], [4, 4]), policy, capacity=32).run()
 
 
-def test_a_prefill_of_request_minus_one_is_refused_though_the_last_request_waits():
+@pytest.mark.parametrize("decode_all", [False, True])
+def test_a_prefill_of_request_minus_one_is_refused_though_the_last_request_waits(decode_all):
     """Both requests wait at step 0 (both arrived at 0); a policy naming request -1 (Python's last) is refused: no
-    request of this run has index -1, whatever the last one's state (the short way of the check included)."""
+    request of this run has index -1, whatever the last one's state. With ``decode_all`` the decision is whole
+    prefills plus everyone decoding, which the check takes the short way: refused there too."""
     with pytest.raises(PolicyError, match=r"names request -1 in prefill: not a request of this run"):
-        step_engine(make_instance([4, 4], [4, 4]), Scripted(Decision(prefill=[(-1, 4)]))).run()
+        step_engine(make_instance([4, 4], [4, 4]), Scripted(Decision(prefill=[(-1, 4)], decode_all=decode_all))).run()
 
 
 def test_a_decode_only_decision_without_blocks_for_the_growth_is_refused_at_once():
@@ -58,6 +60,26 @@ def test_a_decode_only_decision_without_blocks_for_the_growth_is_refused_at_once
         step_engine(make_instance([4, 4], [4, 4]), policy, capacity=12).run()
 
 
+def test_a_host_lending_to_two_guests_keeps_its_own_blocks_across_both_loans():
+    """CacheOPT's embedding, two guests on one host. Step 0 prefills A (prompt 8) and reserves 40 tokens for it: 10
+    blocks of 4. Step 1 starts B and C (prompts 4: 1 block each) on 4 of A's blocks each while A decodes: A keeps
+    its next token's blocks, ceil((8 + 1 + 1) / 4) = 3, and 10 - 4 - 4 = 2 < 3: refused at the second loan (each
+    alone would leave 6; the check adds the loans up)."""
+    policy = Scripted(Decision(prefill=[(0, 8)], reserve={0: 40}),
+                      Decision(prefill=[(1, 4), (2, 4)], decode_all=True, lend=[(1, 0, 4), (2, 0, 4)]))
+    with pytest.raises(PolicyError, match=r"lends 4 blocks of request 0 to request 2: the guest needs at least its "
+                                          r"context's blocks, the host keeps 3"):
+        step_engine(make_instance([8, 4, 4], [4, 4, 4]), policy, capacity=64).run()
+
+
+def test_one_loan_within_the_hosts_spare_blocks_is_carried_out():
+    """The converse: B alone borrows 4 of A's 10 blocks, A keeps 6 >= 3; the run completes."""
+    policy = Scripted(Decision(prefill=[(0, 8)], reserve={0: 40}),
+                      Decision(prefill=[(1, 4)], decode_all=True, lend=[(1, 0, 4)]))
+    res = step_engine(make_instance([8, 4], [4, 4]), policy, capacity=64).run()
+    assert res.status == "completed"
+
+
 # --- an overflow's cost when the latency model reads produced tokens ------------------------------------------------
 def test_an_overflow_under_the_authors_formula_costs_the_overflowing_batch():
     """tests/policies/test_admission_paged.py's alpha-greedy overflow (prompts 3, outputs 7, 3 blocks of 4) timed by the MC-SF
@@ -68,6 +90,8 @@ def test_an_overflow_under_the_authors_formula_costs_the_overflowing_batch():
     event = res.iterations[res.iterations.overflow]
     assert res.clearing_events == 1 and event.cleared.item() == 2
     assert event.duration.item() == pytest.approx(((0.0027 * 2 + 0.52) * 2 + 44.6) / 1000, rel=1e-12)
+    # the event's row: both victims recomputed, none swapped, nothing swapped in
+    assert (event.preempted_recompute.item(), event.preempted_swap.item(), event.swapped_in.item()) == (2, 0, 0)
 
 
 # --- sizes and transfers --------------------------------------------------------------------------------------------
@@ -95,3 +119,68 @@ def test_a_rejection_says_the_requests_own_numbers():
     """64 tokens in blocks of 4 (16 blocks): a request of 40 + 30 tokens needs 18 blocks; the reason says so."""
     why = PagedMemory(64, block_size=4, watermark=0.0).rejection(40, 30)
     assert why.startswith("prompt + output = 70 tokens needs 18 blocks, more "), why
+
+
+def test_a_clusters_policy_time_per_iteration_is_its_policy_time_over_its_iterations(tmp_path):
+    """The cluster's summary reports the policies' wall time (``policy_seconds``, rounded to 0.1 ms) and that time per
+    iteration in microseconds: the two agree over the merged iterations table (a wall-clock figure, so a relation,
+    not a value)."""
+    from kvstudy import api
+    from tests.cluster.test_cluster import _trace
+
+    rows = [{"arrival_time": 0.01 * k, "prompt_tokens": 8 + k % 50, "output_tokens": 60} for k in range(400)]
+    # MC-SF through the adapter: asked at every iteration, so its time adds up past the 0.1 ms rounding
+    result, summary = api.simulate(api.compose([
+        "workload=trace", f"workload.path={_trace(tmp_path, rows)}", "model=llama32_1b", "hardware=a100_tp1",
+        "memory=paged", "memory.capacity_tokens=2048", "+policy=mcsf", "latency=linear", "engine.progress=false",
+        "cluster.replicas=2"]))
+    its = len(result.iterations)
+    us, seconds = summary["policy_us_per_iteration"], summary["policy_seconds"]
+    assert its > 200 and seconds > 0.001, (its, seconds)
+    assert abs(us - 1e6 * seconds / its) <= 1e6 * 5e-5 / its + 0.005, (us, seconds, its)
+
+
+# --- the prefix cache through the memory's own methods ---------------------------------------------------------------
+def _cache(segments):
+    """Prefix caching on 16 blocks of 16 tokens, the requests' shared content ``segments`` ((key, tokens) pairs)."""
+    mem = PagedMemory(256, block_size=16, watermark=0.0, prefix_caching=True)
+    mem.bind(1)
+    mem.set_segments(segments)
+    return mem
+
+
+def test_a_fully_cached_prompt_skips_all_but_its_last_block():
+    """A's 32-token prompt (two full blocks of content "a") runs and leaves: both blocks stay cached. B has the same
+    32 tokens: a prefill computes at least its last token, so it skips one block (16 tokens), not two, and says so
+    before it starts (``cached_tokens``, what planning policies read) as when it starts."""
+    mem = _cache([[("a", 32)], [("a", 32)]])
+    assert mem.start(0, 32) == 0
+    mem.advance(0, 32)
+    mem.release(0, 32)
+    assert mem.cached_tokens(1, 32) == 16 and mem.cached_tokens(1, 33) == 32
+    assert mem.start(1, 32) == 16
+
+
+def test_blocks_a_decode_filled_are_cached_when_their_request_leaves():
+    """A's prompt is 16 tokens (content "a"); its output's first 20 tokens are content "b" (the workload names them:
+    the next turn of a conversation). A starts with 1 block and leaves after 36 tokens of context: its 2nd block,
+    filled by its decode, is cached too, so B (prompt "a" + "b", 36 tokens) finds 2 blocks, 32 tokens."""
+    mem = _cache([[("a", 16), ("b", 20)], [("a", 16), ("b", 20)]])
+    mem.start(0, 16)
+    mem.advance(0, 16)
+    mem.hold(0, 3)  # its decode grew to 36 tokens: 3 blocks
+    mem.release(0, 36)
+    assert mem.cached_tokens(1, 36) == 32
+
+
+def test_a_chunk_scheduled_is_shared_at_once_and_a_preempted_prefill_caches_only_what_it_computed():
+    """A's prompt is 64 tokens of content "a" (4 blocks). Its first chunk of 16 tokens is scheduled: that block is
+    cached at once (vLLM v1 caches at scheduling), so B (a prompt of A's first 32 tokens) finds it while A runs. A is
+    then preempted with those 16 tokens computed: only that block stays cached, not the three it never computed, so C
+    (A's 64 tokens again) skips 16 tokens, not 48."""
+    mem = _cache([[("a", 64)], [("a", 64)], [("a", 64)]])
+    mem.start(0, 64)
+    mem.advance(0, 16)
+    assert mem.cached_tokens(1, 32) == 16
+    mem.release(0, 16)
+    assert mem.cached_tokens(2, 64) == 16

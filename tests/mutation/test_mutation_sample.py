@@ -184,3 +184,56 @@ def test_a_chunk_scheduled_is_shared_at_once_and_a_preempted_prefill_caches_only
     assert mem.cached_tokens(1, 32) == 16
     mem.release(0, 16)
     assert mem.cached_tokens(2, 64) == 16
+
+
+def test_auto_loads_when_the_transfer_beats_the_marginal_recompute_of_the_requests_own_prefill():
+    """``memory.offload.choice=auto`` weighs a load against what those tokens add to the request's own prefill. A
+    prompt of 100 tokens in blocks of 16: the GPU holds its first 2 blocks (32 tokens), the tier the next 2 (32). The
+    prefill computes the rest anyway, 100 - 32 - 32 = 36 tokens. With a prefill costing 1e-6 x tokens^2 seconds,
+    the tier's 32 tokens add (36 + 32)^2 - 36^2 = 3,328 us to it; reading 2 blocks of 1 MB at 1 GB/s takes 2,000 us:
+    load. At 1.5 MB per block (3,000 us) still load; at 2 MB (4,000 us) recompute."""
+    from kvstudy.memory.offload import OffloadConnector, OffloadTiers, Tier
+
+    keys = ["k0", "k1", "k2", "k3", "k4", "k5"]
+    for block_bytes, loads in ((1_000_000, 2), (1_500_000, 2), (2_000_000, 0)):
+        tiers = OffloadConnector(OffloadTiers([Tier("host", 1.0, 1.0, 1.0)], choice="auto"))
+        tiers.bind(16, block_bytes)
+        tiers.set_timing(1, lambda tokens, context: 1e-6 * tokens ** 2)
+        tiers.save(["k3", "k2"])
+        assert tiers.plan(keys, 2, (100 - 1) // 16, 100) == loads, block_bytes
+
+
+def test_what_a_group_of_requests_frees_counts_a_shared_block_only_when_all_its_holders_leave():
+    """A computes a 48-token prompt of content "a" (3 blocks, all cached); B and C start the same prompt while A runs:
+    each shares A's first 2 blocks (a prefill computes at least its last token) and has 1 block of its own. If A and
+    B leave, C still holds the 2 shared blocks: freed are A's 3rd block and B's own, 2 blocks. If all three leave, all
+    5 distinct blocks (A's 3, B's and C's own) are freed."""
+    mem = _cache([[("a", 48)]] * 3)
+    mem.start(0, 48)
+    mem.advance(0, 48)
+    assert mem.start(1, 48) == 32 and mem.start(2, 48) == 32
+    assert mem.used == 5
+    assert mem.release_gain([0, 1])[0] == 2
+    assert mem.release_gain([0, 1, 2])[0] == 5
+    assert mem.freed_by(0) == 1 and mem.freed_by(1) == 1
+
+
+def test_the_lru_hit_rate_of_two_identical_prompts():
+    """``lru_hit_rate`` (notebook 05, bench/prefix_hits.py): two 1,024-token prompts with the same two trace blocks,
+    one after the other, in a cache that holds both: the second skips (1,024 - 1) // 16 = 63 blocks, 1,008 tokens,
+    of the 2,048 prompt tokens: 0.4921875."""
+    from kvstudy.memory.prefix import lru_hit_rate
+
+    assert lru_hit_rate([[1, 2], [1, 2]], [1024, 1024], [1, 1], num_blocks=1000) == 1008 / 2048
+
+
+def test_a_decode_run_gives_the_authors_formula_the_tokens_each_request_produced():
+    """vLLM's decode runs (issue 47) under the MC-SF authors' formula, which reads the decodes' produced tokens: two
+    requests (prompts 4 and 6, outputs 5) prefill together, then decode 4 times with 1, 2, 3, 4 tokens produced each,
+    so each decode-only iteration takes ((0.0027 x g + 0.52) x 2 + 44.6) / 1000 s for g = 1..4 (mean per job)."""
+    from kvstudy.policies.vllm import VLLM
+
+    res = step_engine(make_instance([4, 6], [5, 5]), VLLM(), capacity=64, latency=McsfAuthorsLatency()).run()
+    want = [((0.0027 * 0 + 0.52) * 2 + 44.6 + 0.378 * 10) / 1000] + [((0.0027 * g + 0.52) * 2 + 44.6) / 1000
+                                                                      for g in (1, 2, 3, 4)]
+    assert res.iterations.duration.tolist() == pytest.approx(want, rel=1e-12)

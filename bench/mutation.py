@@ -93,7 +93,8 @@ EQUIVALENT = {
     "kvstudy/engine/loop.py:433:41 core/ReplaceBinaryOperator_Mul_RShift #1":
         "how many seconds a decode run asks for at once: each value is the same (tests/engine/test_decode_runs.py)",
     "kvstudy/engine/loop.py:679:117 core/NumberReplacer #181":
-        "the rounding of policy_us_per_iteration, a wall-clock measurement (bench/compare_runs.py's WALL), not a result",
+        "the rounding of policy_us_per_iteration, a wall-clock measurement (bench/compare_runs.py's WALL), not a "
+        "result",
     "kvstudy/engine/records.py:53:23 core/ReplaceBinaryOperator_Mul_Div #0":
         "clearing(self, *, ...) -> (self, /, ...): every caller passes keywords, which both accept",
     "kvstudy/engine/state.py:104:33 core/NumberReplacer #25":
@@ -108,26 +109,73 @@ EQUIVALENT = {
         "when LruKeys drops its consumed entries (memory only): the order of the live keys is the same",
     "kvstudy/memory/prefix.py:95:34 core/ReplaceBinaryOperator_Mul_Mod #1":
         "when LruKeys drops its consumed entries (memory only): the order of the live keys is the same",
+    "kvstudy/cacheopt/policy.py:259:68 core/ReplaceComparisonOperator_Eq_Is #8":
+        "h (the host stored in mem.loans) and i are the same int object: d.lend's host comes from "
+        "view.held_and_context(), which iterates view.running (kvstudy/policies/step.py:112), the same list the "
+        "returned loop iterates; checked with request indices 300/301 (past CPython's small-int cache): the conflict "
+        "rule fires at the same step (t=125) with and without the mutant, and 300 random small runs give identical "
+        "decisions",
+    "kvstudy/cacheopt/policy.py:300:69 core/ReplaceBinaryOperator_Add_Sub #12":
+        "sort key -(ctx + bs) vs -(ctx - bs) differ by the constant 2*bs for every critical request: same order "
+        "(sorted is stable, ties keep the same order)",
+    "kvstudy/cacheopt/policy.py:407:82 core/NumberReplacer #119":
+        "bisect_left(order, (thr, -1)) and bisect_left(order, (thr, 0)) give the same position: order holds (a - u, k)"
+        " with k >= 0, so every entry with a - u == thr is >= both keys and every entry with a - u < thr is below both",
+    "kvstudy/cacheopt/policy.py:566:20 core/ReplaceComparisonOperator_LtE_Lt #5":
+        "left == 0 is never followed by another prefill entry: left = token_budget - decodes is >= the step's own "
+        "budget (which subtracted the same decodes, and stalls/later victims only raise left); every entry but the "
+        "last is taken while the step's budget stays > 0 (prefilling chunks and _start take min(.., budget); the "
+        "waiting loop breaks at budget <= 0; _admit returns at budget <= 0), so only the last entry can bring left to "
+        "0; checked: 300 random runs (token budgets 8-64, embedding, swaps) give identical decisions with the mutant",
     "kvstudy/costs/predictors.py:92:29 core/ReplaceBinaryOperator_Sub_BitXor #2":
-        "under is an int8 array of 0/1 (a comparison cast), and 1 - x == 1 ^ x for x in {0, 1}, both int8: the same flipped directions.",
+        "under is an int8 array of 0/1 (a comparison cast), and 1 - x == 1 ^ x for x in {0, 1}, both int8: the same "
+        "flipped directions.",
     "kvstudy/policies/admission.py:164:14 core/ReplaceComparisonOperator_Eq_Is #2":
-        "the one caller (PrefixFutureMemoryPolicy.schedule) passes the class attribute 'arrival', an interned literal, so `is` is True whenever == is; and had it been False, the fallback SchedulerView.ordered_waiting('arrival') yields the same (position, prompt + g, max(0, pred - shift - g)) tuples in the same fifo order from the adapter's arrays. Differential runs (MC-Benchmark on paper and paged memory, 30 random instances) identical.",
+        "the one caller (PrefixFutureMemoryPolicy.schedule) passes the class attribute 'arrival', an interned literal,"
+        " so `is` is True whenever == is; and had it been False, the fallback SchedulerView.ordered_waiting('arrival')"
+        " yields the same (position, prompt + g, max(0, pred - shift - g)) tuples in the same fifo order from the "
+        "adapter's arrays. Differential runs (MC-Benchmark on paper and paged memory, 30 random instances) identical.",
     "kvstudy/policies/mcsf.py:66:40 core/ReplaceComparisonOperator_Eq_NotEq #0":
-        "with equal keys the mutant rebuilds the check, which the kept check equals exactly (tests/test_mcsf_incremental.py pins kept == fresh); the key changes only after an overflow, where MC-SF's on_overflow (Policy default) evicts every running request, or in a new run (forget() gives a new token) whose first view has no running request: either way the reused check has all its members removed, the same empty check a rebuild gives. Differential runs (MC-SF/MC-Benchmark, paper memory, noisy predictions with clearings, each engine run twice, with and without the remedy) identical.",
+        "with equal keys the mutant rebuilds the check, which the kept check equals exactly "
+        "(tests/test_mcsf_incremental.py pins kept == fresh); the key changes only after an overflow, where MC-SF's "
+        "on_overflow (Policy default) evicts every running request, or in a new run (forget() gives a new token) whose"
+        " first view has no running request: either way the reused check has all its members removed, the same empty "
+        "check a rebuild gives. Differential runs (MC-SF/MC-Benchmark, paper memory, noisy predictions with clearings,"
+        " each engine run twice, with and without the remedy) identical.",
     "kvstudy/policies/protection.py:58:38 core/ReplaceComparisonOperator_GtE_Gt #0":
-        "when k == total, head_prompts(k) already holds the whole queue; the mutant does one more pass with k = 4 * total, whose head_prompts is the same whole queue and gives the same taken, then returns (k > total): same answer, one extra pass.",
+        "when k == total, head_prompts(k) already holds the whole queue; the mutant does one more pass with k = 4 * "
+        "total, whose head_prompts is the same whole queue and gives the same taken, then returns (k > total): same "
+        "answer, one extra pass.",
     "kvstudy/policies/rr_sjf.py:56:22 core/ReplaceTrueWithFalse #0":
-        "own_queue_order only makes the engine keep its waiting queue as a WaitingSet instead of a deque (engine/loop.py 154, state.py 68): same members; QueuedVLLM reads only len(view.waiting) and the engine only membership, len and min(st.waiting) (loop.py 694), never the order. Differential runs of fcfs/rr/rr_sjf/sjf (recompute and swap) identical.",
+        "own_queue_order only makes the engine keep its waiting queue as a WaitingSet instead of a deque "
+        "(engine/loop.py 154, state.py 68): same members; QueuedVLLM reads only len(view.waiting) and the engine only "
+        "membership, len and min(st.waiting) (loop.py 694), never the order. Differential runs of fcfs/rr/rr_sjf/sjf "
+        "(recompute and swap) identical.",
     "kvstudy/policies/rr_sjf.py:98:24 core/ReplaceComparisonOperator_Eq_IsNot #1":
-        "view.state is a numpy int8 array (engine/state.py 65), so state[i] is a fresh numpy scalar and `is not WAITING` is always True: the mutant also appends arrivals rejected up front (state REJECTED), which the very next lines drop (len(order) != len(waiting) + swapped -> filtered to WAITING/SWAPPED); wait_since of a rejected request is never read. Differential runs identical.",
+        "view.state is a numpy int8 array (engine/state.py 65), so state[i] is a fresh numpy scalar and `is not "
+        "WAITING` is always True: the mutant also appends arrivals rejected up front (state REJECTED), which the very "
+        "next lines drop (len(order) != len(waiting) + swapped -> filtered to WAITING/SWAPPED); wait_since of a "
+        "rejected request is never read. Differential runs identical.",
     "kvstudy/policies/rr_sjf.py:124:20 core/ReplaceContinueWithBreak #0":
-        "can_swap_in is NEVER only when host blocks + 1 > num_blocks, but the engine swaps a request out only if num_blocks - (held + 1) >= watermark_blocks (engine/transitions.py 35), else it recomputes it; host blocks never grow while swapped, so a swapped request is never NEVER and the branch is unreachable.",
+        "can_swap_in is NEVER only when host blocks + 1 > num_blocks, but the engine swaps a request out only if "
+        "num_blocks - (held + 1) >= watermark_blocks (engine/transitions.py 35), else it recomputes it; host blocks "
+        "never grow while swapped, so a swapped request is never NEVER and the branch is unreachable.",
     "kvstudy/policies/rr_sjf.py:134:16 core/ReplaceContinueWithBreak #2":
-        "can_allocate(prefill_blocks(i)) is NEVER only when blocks(prompt + g) > num_blocks - watermark_blocks; the engine rejects such a request up front (mem.rejection with the watermark, loop.py 163, g = 0) and after a recompute preemption (transitions.py 63, same test), and _sync drops rejected requests from the policy's order before the walk (length check); so the walk never meets a NEVER request.",
+        "can_allocate(prefill_blocks(i)) is NEVER only when blocks(prompt + g) > num_blocks - watermark_blocks; the "
+        "engine rejects such a request up front (mem.rejection with the watermark, loop.py 163, g = 0) and after a "
+        "recompute preemption (transitions.py 63, same test), and _sync drops rejected requests from the policy's "
+        "order before the walk (length check); so the walk never meets a NEVER request.",
     "kvstudy/policies/vllm.py:187:88 core/ReplaceComparisonOperator_Lt_GtE #6":
-        "the mutant only makes _head_fits (a shortcut) say True more often for lpm/dfs_weight; when the original says False the smallest waiting prompt leaves free - blocks < watermark, so _schedule_prefills (same free, same block count) breaks before starting anything and vLLM falls through to the same decode decision; for Sarathi the full path then equals DECODE_ALL (decode fast branch, no prefill). Differential runs with lpm/dfs_weight on a prefix cache identical.",
+        "the mutant only makes _head_fits (a shortcut) say True more often for lpm/dfs_weight; when the original says "
+        "False the smallest waiting prompt leaves free - blocks < watermark, so _schedule_prefills (same free, same "
+        "block count) breaks before starting anything and vLLM falls through to the same decode decision; for Sarathi "
+        "the full path then equals DECODE_ALL (decode fast branch, no prefill). Differential runs with lpm/dfs_weight "
+        "on a prefix cache identical.",
     "kvstudy/policies/vllm.py:201:21 core/ReplaceBinaryOperator_Sub_LShift #6":
-        "the line's own comment: a waiting request with total - blocks < watermark (can_allocate NEVER) is rejected by the engine up front and after any recompute preemption (loop.py 163, transitions.py 63; not adapted), so the `continue` is never reached and replacing its test by one that is never true changes nothing. Differential runs of vllm/sarathi with watermarks identical.",
+        "the line's own comment: a waiting request with total - blocks < watermark (can_allocate NEVER) is rejected by"
+        " the engine up front and after any recompute preemption (loop.py 163, transitions.py 63; not adapted), so the"
+        " `continue` is never reached and replacing its test by one that is never true changes nothing. Differential "
+        "runs of vllm/sarathi with watermarks identical.",
 }
 
 

@@ -365,6 +365,9 @@ def main(argv=None) -> int:
     ap.add_argument("--also-test", action="append", default=[], metavar="FILE",
                     help="with --coverage: run this test file too for every mutant (new tests the coverage run did "
                          "not see; repeatable)")
+    ap.add_argument("--table", nargs="+", type=Path, metavar="REPORT",
+                    help="print per-module kill rates as a Markdown table from a run's report, then reports of "
+                         "rechecks of its survivors (each column adds the kills of one more report); runs nothing")
     ap.add_argument("--shard", type=shard, default=(1, 1), metavar="K/N",
                     help="run the K-th of N slices of the drawn mutants (each in its own --workdir, one per core); "
                          "--merge joins their reports")
@@ -373,6 +376,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.merge:
         return print_report(merge(args.merge), None)
+    if args.table:
+        return print_table(args.table)
     EXCLUDED.update(args.exclude_test)
     modules = core_modules(args.module)
     if args.list:
@@ -489,6 +494,43 @@ def recheck(chosen, sessions, tree: Path, env: dict, args, cr) -> int:
               "mutants": rows}
     (args.workdir / "report.json").write_text(json.dumps(report, indent=1))
     return print_report(report, args.workdir / "report.json")
+
+
+def print_table(paths: list) -> int:
+    """Per-module kill rates of a run (the first report) and after each recheck of its survivors (the next reports,
+    cumulative): killed / (mutants - equivalent), equivalent as ``EQUIVALENT`` lists them now."""
+    reports = [json.loads(Path(p).read_text()) for p in paths]
+    outcome = {r["mutant"]: r["outcome"] for r in reports[0]["mutants"]}
+    columns = []
+    for rep in reports[1:] + [None]:
+        tally = {}
+        for name, out in outcome.items():
+            module = name.split(":")[0]
+            t = tally.setdefault(module, [0, 0, 0])  # killed, judged, equivalent
+            if name in EQUIVALENT:
+                t[2] += 1
+                continue
+            t[1] += 1
+            t[0] += out == "killed"
+        columns.append(tally)
+        if rep is not None:
+            for row in rep["mutants"]:
+                if row["outcome"] == "killed":
+                    outcome[row["mutant"]] = "killed"
+    names = ["first run"] + [Path(p).parent.name for p in paths[1:]]
+    print("| module | mutants | equivalent | " + " | ".join(names) + " |")
+    print("|---|---|---|" + "---|" * len(names))
+    for module in sorted(columns[0]):
+        k0, j0, e0 = columns[0][module]
+        cells = [f"{c[module][0]}/{c[module][1]} ({c[module][0] / max(1, c[module][1]):.0%})" for c in columns]
+        print(f"| {module} | {j0 + e0} | {e0} | " + " | ".join(cells) + " |")
+    totals = [(sum(c[m][0] for m in c), sum(c[m][1] for m in c)) for c in columns]
+    eq = sum(c[2] for c in columns[0].values())
+    print(f"| all | {sum(c[1] + c[2] for c in columns[0].values())} | {eq} | "
+          + " | ".join(f"{k}/{j} ({k / max(1, j):.1%})" for k, j in totals) + " |")
+    left = [name for name, out in outcome.items() if out != "killed" and name not in EQUIVALENT]
+    print(f"\nnot killed and not listed equivalent ({len(left)}):" + "".join(f"\n  {name}" for name in sorted(left)))
+    return 0
 
 
 def merge(paths: list) -> dict:

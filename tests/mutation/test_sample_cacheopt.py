@@ -17,33 +17,14 @@ from kvstudy.cacheopt import setup, slo, study, workloads
 from kvstudy.cacheopt.allocation import allocate
 from kvstudy.cacheopt.policy import CacheOPT
 from kvstudy.errors import ConfigError
-from kvstudy.policies.step import Decision, StepPolicy
 from kvstudy.running import assemble
+from tests.cacheopt.test_cacheopt_policy import Tape as CacheoptTape
 from tests.conftest import make_instance
 from tests.step_helpers import step_engine
 
 
-class Tape(StepPolicy):
-    """Records each step's decision (a copy) and what the view showed."""
-
-    def __init__(self, inner):
-        self.inner, self.name, self.log = inner, inner.name, []
-        self.prepare = inner.prepare
-
-    @property
-    def slo_tft(self):  # prepared already: the test helper leaves the SLOs alone
-        return self.inner.slo_tft
-
-    def reset(self, seed):
-        self.inner.reset(seed)
-        self.log = []
-
-    def step(self, view):
-        d = self.inner.step(view)
-        self.log.append((view.time, list(view.running), {i: view.memory.held(i) for i in view.running},
-                         Decision(list(d.preempt), list(d.swap_in), list(d.prefill), list(d.decode), d.decode_all,
-                                  dict(d.reserve), list(d.lend))))
-        return d
+class Tape(CacheoptTape):
+    """tests/cacheopt/test_cacheopt_policy.py's recorder of each step's decision; ``at(t)``: the decision at t."""
 
     def at(self, t):
         return [e[3] for e in self.log if e[0] == t][0]

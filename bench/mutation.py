@@ -109,6 +109,9 @@ EQUIVALENT = {
         "when LruKeys drops its consumed entries (memory only): the order of the live keys is the same",
     "kvstudy/memory/prefix.py:95:34 core/ReplaceBinaryOperator_Mul_Mod #1":
         "when LruKeys drops its consumed entries (memory only): the order of the live keys is the same",
+    "kvstudy/costs/swap_models.py:72:18 core/ReplaceComparisonOperator_LtE_Eq #0":
+        "blocks <= 0 -> == 0: the engine asks for the seconds of a count of blocks moved, never a negative one (a "
+        "preemption or a swap-in moves >= 0 blocks, and 0 is the same under both)",
     "kvstudy/cacheopt/policy.py:259:68 core/ReplaceComparisonOperator_Eq_Is #8":
         "h (the host stored in mem.loans) and i are the same int object: d.lend's host comes from "
         "view.held_and_context(), which iterates view.running (kvstudy/policies/step.py:112), the same list the "

@@ -237,3 +237,44 @@ def test_a_decode_run_gives_the_authors_formula_the_tokens_each_request_produced
     want = [((0.0027 * 0 + 0.52) * 2 + 44.6 + 0.378 * 10) / 1000] + [((0.0027 * g + 0.52) * 2 + 44.6) / 1000
                                                                       for g in (1, 2, 3, 4)]
     assert res.iterations.duration.tolist() == pytest.approx(want, rel=1e-12)
+
+
+# --- cost models ---------------------------------------------------------------------------------------------------
+def test_a_deployment_that_does_not_fit_is_said_in_its_own_numbers_and_one_that_fits_is_not():
+    """Llama2-70B on one A100 with 18,350 KV tokens: 2 x 80 layers x 8 KV heads x 128 x 2 bytes = 327,680 bytes a
+    token, 6,012,928,000 bytes = 5.6 GiB, said as 6; with 128 GiB of weights it cannot fit in 79 GiB. Llama-3.2-1B
+    with 1,000 tokens fits: no note."""
+    from kvstudy.costs.capacity import fit_note
+    from kvstudy.latency.tables import HardwareSpec
+    from kvstudy.running.paths import load_model_arch
+
+    hw = HardwareSpec("a100_tp1", "a100", "a100_pairwise_nvlink", 1)
+    note = fit_note(load_model_arch("llama2_70b"), hw, 18_350)
+    assert "(weights 128 GiB + 18,350 KV tokens 6 GiB) of 79 GiB" in note
+    assert fit_note(load_model_arch("llama32_1b"), hw, 1_000) is None
+
+
+def test_the_swap_and_recompute_fit_recovers_the_curves_it_was_given():
+    """CacheOPT's O4 cost models (kvstudy/costs/preemption_cost.py ``fit``): given recompute seconds that are exactly
+    2e-9 s^1.5 + 3e-6 s + 1e-3 and swap seconds exactly 5e-7 s + 2e-4 over 40 sizes, the fit picks beta = 1.5 (its grid
+    holds it) and both models reproduce the points (mean absolute percentage error below 0.1%)."""
+    from kvstudy.costs.preemption_cost import fit
+
+    s = np.linspace(64, 4096, 40)
+    cost = fit(s, 2e-9 * s ** 1.5 + 3e-6 * s + 1e-3, 5e-7 * s + 2e-4)
+    assert cost.beta_r == pytest.approx(1.5, abs=1e-9)
+    assert cost.fit_mape_pct["recompute"] < 0.1 and cost.fit_mape_pct["swap"] < 0.1
+
+
+def test_the_synthetic_workloads_spread_is_table_1s_min_and_max():
+    """CacheOPT's synthetic lengths (kvstudy/cacheopt/workloads.py): a lognormal whose 1/n and 1 - 1/n quantiles are
+    Table 1's min and max (n its trace's requests), so sigma = ln(max / min) / (2 z) with z the standard normal's
+    1 - 1/n quantile; BookCorpus's prompts: min 18, max 461,000, n = 11,000."""
+    from scipy.stats import norm
+
+    from kvstudy.cacheopt.workloads import TABLE1, lognormal_fit
+
+    p_mean, p_min, p_max = TABLE1["bookcorpus"]["prompt"]
+    assert (p_min, p_max) == (18, 461_000)
+    _, sigma = lognormal_fit(p_mean, p_min, p_max, TABLE1["bookcorpus"]["requests"])
+    assert sigma == pytest.approx(np.log(461_000 / 18) / (2 * norm.ppf(1 - 1 / 11_000)), rel=1e-9)

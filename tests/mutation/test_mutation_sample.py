@@ -278,3 +278,26 @@ def test_the_synthetic_workloads_spread_is_table_1s_min_and_max():
     assert (p_min, p_max) == (18, 461_000)
     _, sigma = lognormal_fit(p_mean, p_min, p_max, TABLE1["bookcorpus"]["requests"])
     assert sigma == pytest.approx(np.log(461_000 / 18) / (2 * norm.ppf(1 - 1 / 11_000)), rel=1e-9)
+
+
+def test_least_kv_on_the_papers_memory_sees_a_finishing_iteration_with_the_kv_it_held(tmp_path):
+    """Two replicas on the MC-SF paper's memory (KV in tokens, capacity 1,000), one-second rounds, MC-SF, least_kv.
+    At 0: A (prompt 10, output 1) goes to replica 0, B (prompt 8, output 20) to replica 1. Replica 0's round [1, 2)
+    decodes A's last token: until 2 the router sees the KV that round held, A's context 10 + its 1 new token = 11
+    tokens. Replica 1 after its round [1, 2): B's context 8 + 2 - 1 = 9 and its next token, 10. C arrives at 1.5:
+    10 < 11, so C goes to replica 1 (had the finishing round been counted at 10 - 1 = 9, to replica 0). A decode-only
+    round; the same count in a round with a prefill (kvstudy/engine/loop.py ``_stamp_and_record``'s KV) is not
+    pinned by this test (docs/mutation.md)."""
+    import json
+
+    from kvstudy import api
+
+    rows = [{"arrival_time": 0.0, "prompt_tokens": 10, "output_tokens": 1},
+            {"arrival_time": 0.0, "prompt_tokens": 8, "output_tokens": 20},
+            {"arrival_time": 1.5, "prompt_tokens": 4, "output_tokens": 2}]
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    res, _ = api.simulate(api.compose([
+        "workload=trace", f"workload.path={tmp_path / 't.jsonl'}", "model=llama32_1b", "hardware=a100_tp1",
+        "memory=paper", "memory.capacity_tokens=1000", "+policy=mcsf", "latency=linear", "latency.d0=1.0",
+        "latency.d1=0", "engine.progress=false", "cluster.replicas=2", "router=least_kv"]))
+    assert list(res.requests.replica) == [0, 1, 1]

@@ -286,8 +286,7 @@ def test_least_kv_on_the_papers_memory_sees_a_finishing_iteration_with_the_kv_it
     decodes A's last token: until 2 the router sees the KV that round held, A's context 10 + its 1 new token = 11
     tokens. Replica 1 after its round [1, 2): B's context 8 + 2 - 1 = 9 and its next token, 10. C arrives at 1.5:
     10 < 11, so C goes to replica 1 (had the finishing round been counted at 10 - 1 = 9, to replica 0). A decode-only
-    round; the same count in a round with a prefill (kvstudy/engine/loop.py ``_stamp_and_record``'s KV) is not
-    pinned by this test (docs/mutation.md)."""
+    round (the next test: one with a prefill)."""
     import json
 
     from kvstudy import api
@@ -301,3 +300,24 @@ def test_least_kv_on_the_papers_memory_sees_a_finishing_iteration_with_the_kv_it
         "memory=paper", "memory.capacity_tokens=1000", "+policy=mcsf", "latency=linear", "latency.d0=1.0",
         "latency.d1=0", "engine.progress=false", "cluster.replicas=2", "router=least_kv"]))
     assert list(res.requests.replica) == [0, 1, 1]
+
+
+def test_least_kv_on_the_papers_memory_sees_a_finishing_round_with_a_prefill_with_the_kv_it_held(tmp_path):
+    """As above, the finishing round now also prefills (kvstudy/engine/loop.py's general path). One-second rounds.
+    A (0.6, prompt 12, output 1) -> replica 0: prompt round [0.6, 1.6). B (0.9, 12, 2) -> replica 1 (empty): [0.9,
+    1.9). C (1.4, 10, 4) -> replica 0. Replica 0's round [1.6, 2.6) prefills C and decodes A's last token: until 2.6
+    the router sees the KV of its decodes, A's context 12 + 1 - 1 = 12 plus its new token, 13 (C's prefill is not a
+    decode). D (1.9, 2, 2): replica 1 after B's prompt round holds 12 + 1 - 1 = 12 and B's next token, 13. A tie at
+    13: fewer outstanding requests wins, replica 1 (1 against A and C, 2). Counted 12 - 1 = 11, replica 0 would win."""
+    import json
+
+    from kvstudy import api
+
+    rows = [(0.6, 12, 1), (0.9, 12, 2), (1.4, 10, 4), (1.9, 2, 2), (2.4, 5, 3), (3.6, 6, 3)]
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps({"arrival_time": t, "prompt_tokens": p, "output_tokens": o})
+                                              + "\n" for t, p, o in rows))
+    res, _ = api.simulate(api.compose([
+        "workload=trace", f"workload.path={tmp_path / 't.jsonl'}", "model=llama32_1b", "hardware=a100_tp1",
+        "memory=paper", "memory.capacity_tokens=1000", "+policy=mcsf", "latency=linear", "latency.d0=1.0",
+        "latency.d1=0", "engine.progress=false", "cluster.replicas=2", "router=least_kv"]))
+    assert list(res.requests.replica)[:4] == [0, 1, 0, 1]

@@ -412,31 +412,59 @@ class StepEngine:
     # --- 4-7 for the most common iteration: every running request decodes, nothing else happens -------------------
     def _decode_run(self, t: float, limit: float, max_run: int, spare):
         """The decided decode-only iteration (the general path's arithmetic without its empty branches), and when
-        ``max_run`` > 1 the ones after it that the policy's ``steady_spare`` promise covers (issue 47), each run the
-        same way: it goes on while no request finished in the last one, the next one starts before ``limit`` (the
-        next arrival; in a cluster also the horizon), the growing requests find their blocks with ``spare`` to
-        spare, and ``max_run`` (engine.max_iterations; 1: no promise) allows. A decode-only iteration is a run of
-        one. Returns (the last iteration's start, its seconds, its token stamp, the requests that finished in it,
-        its decoders' KV tokens, how many iterations ran)."""
-        st, mem = self.state, self.memory
+        ``max_run`` > 1 the ones after it that the policy's ``steady_spare`` promise covers (issue 47; ``_run_on``):
+        a decode-only iteration is a run of one. Returns (the last iteration's start, its seconds, its token stamp, the
+        requests that finished in it, its decoders' KV tokens, how many iterations ran)."""
+        st = self.state
         clock = st.clock
-        grow_at, tick, rows, seconds = clock.grow_at, clock.tick, self.rows, self.seconds
         n, ctx, prompts = len(st.running), st.decode_context_tokens, st.decode_prompt_tokens
-        at_start, overlap, run_seconds = self.at_start, self.overlap, self.run_seconds
-        if st.growing or clock.ticks in grow_at:
+        if st.growing or clock.ticks in clock.grow_at:
             self._grow_blocks()
         if self.events is not None:  # (runs of one only: no promise is asked for while events are recorded)
             self.events.decoded(st.running)
-        run, ahead, at, block = 0, [], 0, 32  # ahead: the next iterations' seconds, asked in blocks
+        compute = self.seconds(NO_CHUNKS, n, ctx, ctx + n - prompts)
+        dt = max(compute, 0.0) if self.overlap else compute + 0.0
+        stamp = t if self.at_start else t + dt
+        finished = clock.tick(stamp)
+        self.rows.decode_only(t, dt, n, ctx + n)
+        run = 1
+        if not finished and run < max_run and t + dt < limit:
+            t, dt, stamp, finished, ctx, run = self._run_on(t, dt, stamp, ctx, n, prompts, limit, max_run, spare)
+        left_ctx, left_prompts = self._leave_clock(finished) if finished else (0, 0)
+        st.decode_context_tokens = ctx + n - left_ctx
+        st.decode_prompt_tokens = prompts - left_prompts
+        return t, dt, stamp, finished, ctx + n, run
+
+    def _run_on(self, t: float, dt: float, stamp: float, ctx: int, n: int, prompts: int, limit: float,
+                max_run: int, spare: int):
+        """A decode run's iterations after its first (which started at ``t``, took ``dt``, its decoders holding
+        ``ctx`` tokens of context): each as the first, while no request finished in the last one, the next one starts
+        before ``limit`` (the next arrival; in a cluster also the horizon), the growing requests find their blocks
+        with ``spare`` to spare, and ``max_run`` (engine.max_iterations) allows; their seconds from the latency
+        model's ``decode_run_seconds`` when it has one, asked in blocks. Returns (the last iteration's start, its
+        seconds, its stamp, the requests that finished in it, its decoders' context before it, iterations in all)."""
+        mem, clock = self.memory, self.state.clock
+        grow_at, tick, rows, seconds = clock.grow_at, clock.tick, self.rows, self.seconds
+        at_start, overlap, run_seconds = self.at_start, self.overlap, self.run_seconds
+        run, ahead, at, block, finished = 1, [], 0, 32, []  # ahead: the next iterations' seconds, asked in blocks
         while True:
+            # the next iteration's growing requests take their blocks if the promise's condition holds; else the
+            # policy decides (the loop's next pass computes the same growing set for it)
+            if grow_at.get(clock.ticks):
+                if not clock.grow_if_room(mem.hold, mem.free - spare):
+                    break
+            elif spare > mem.free:  # nobody grows, but the policy wants blocks to spare (vLLM: one at each turn)
+                break
+            t += dt
+            ctx += n
             if at < len(ahead):
                 dt = ahead[at]
                 at += 1
             else:
                 compute = seconds(NO_CHUNKS, n, ctx, ctx + n - prompts)
                 dt = max(compute, 0.0) if overlap else compute + 0.0
-                room = (limit - t) / dt if run and dt > 0.0 and run_seconds else 0.0  # iterations to the limit
-                if room > 8:  # a run under way with room ahead: ask in a block
+                room = (limit - t) / dt if dt > 0.0 and run_seconds else 0.0  # iterations to the limit
+                if room > 8:  # room ahead: ask in a block
                     count = min(block if room >= block else int(room) + 1, max_run - run - 1)
                     ahead = run_seconds(n, ctx + n, count)
                     ahead = [max(c, 0.0) for c in ahead] if overlap else [c + 0.0 for c in ahead]
@@ -447,19 +475,7 @@ class StepEngine:
             run += 1
             if finished or run >= max_run or t + dt >= limit:
                 break
-            # the next iteration's growing requests take their blocks if the promise's condition holds; else the
-            # policy decides (the loop's next pass computes the same growing set for it)
-            if grow_at.get(clock.ticks):
-                if not clock.grow_if_room(mem.hold, mem.free - spare):
-                    break
-            elif spare > mem.free:  # nobody grows, but the policy wants blocks to spare (vLLM: one at each turn)
-                break
-            t += dt
-            ctx += n
-        left_ctx, left_prompts = self._leave_clock(finished) if finished else (0, 0)
-        st.decode_context_tokens = ctx + n - left_ctx
-        st.decode_prompt_tokens = prompts - left_prompts
-        return t, dt, stamp, finished, ctx + n, run
+        return t, dt, stamp, finished, ctx, run
 
     def _grow_blocks(self) -> None:
         """The running requests on the decode clock whose context crosses a block boundary now take their block (the

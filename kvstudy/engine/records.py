@@ -184,12 +184,13 @@ def paged_result(engine, rows: PagedRows, status, message, clearing: int) -> Eng
     result.extra = {"memory": mem.describe(), "swap": engine.swap.describe()}
     if mem.prefix_caching:
         result.extra["prefix_cache"] = prefix_summary(requests, iterations)
-    if mem.connector.summary() is not None:
-        _connector_records(st, mem.connector, requests, result)
+    summary = mem.connector.summary()
+    if summary is not None:
+        _connector_records(st, mem.connector, summary, requests, result)
     return result
 
 
-def _connector_records(st, connector, requests: pd.DataFrame, result: EngineResult) -> None:
+def _connector_records(st, connector, summary: dict, requests: pd.DataFrame, result: EngineResult) -> None:
     """A KV connector's (kvstudy/memory/connector.py; the offload tiers: kvstudy/memory/offload.py): per request
     ``offload_loaded_tokens`` (prompt tokens its prefills loaded through it), per run ``offload`` (its summary: the
     tiers' blocks, bytes and hit rates)."""
@@ -198,7 +199,7 @@ def _connector_records(st, connector, requests: pd.DataFrame, result: EngineResu
     for i, tokens in connector.loaded_tokens().items():
         loaded[i] = tokens
     requests["offload_loaded_tokens"] = loaded[order]
-    result.extra["offload"] = {**connector.summary(), "loaded_tokens": int(loaded.sum())}
+    result.extra["offload"] = {**summary, "loaded_tokens": int(loaded.sum())}
 
 
 def _prefix_records(st, rows: PagedCacheRows, requests: pd.DataFrame, iterations: pd.DataFrame) -> None:

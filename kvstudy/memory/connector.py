@@ -99,10 +99,9 @@ class KVConnector(Protocol):
         (every replica's): summary.json's ``offload`` for the cluster, used as returned."""
 
 
-#: the members a connector has (``KVConnector``'s), for messages naming what a class lacks
-KV_CONNECTOR_MEMBERS = ("name", "saves", "bind", "set_timing", "plan", "looked_up", "load", "skipped", "save",
-                        "iteration_seconds", "loaded_tokens", "describe", "summary", "connect_replicas",
-                        "merged_summary")
+#: the members a connector has (``KVConnector``'s, in their order there), for messages naming what a class lacks
+KV_CONNECTOR_MEMBERS = tuple(KVConnector.__annotations__) + tuple(
+    k for k, v in vars(KVConnector).items() if not k.startswith("_") and callable(v))
 
 
 class NoConnector:

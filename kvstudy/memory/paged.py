@@ -42,9 +42,8 @@ from kvstudy.config.validate import check_group
 from kvstudy.errors import ConfigError
 from kvstudy.memory.connector import KVConnector, NoConnector
 from kvstudy.memory.offload import from_config as offload_tiers
-from kvstudy.memory.prefix import BlockKeys, NoPrefixIndex, PrefixCache
-
 from kvstudy.memory.base import LATER, NEVER, OK
+from kvstudy.memory.prefix import BlockKeys, NoPrefixIndex, PrefixCache
 
 
 class PagedMemory:
@@ -77,18 +76,19 @@ class PagedMemory:
         if offload and not prefix_caching:
             raise ConfigError("memory.offload: the tiers hold the prefix cache's evicted blocks; allowed with "
                               "memory.prefix_caching=true only (memory=paged_offload sets both)")
-        if connector is not None and offload_tiers(dict(offload) if offload else None) is not None:
+        try:  # memory.offload's tiers (None: no tier given), built once
+            tiers = offload_tiers(dict(offload) if offload else None)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        if connector is not None and tiers is not None:
             raise ConfigError("memory.connector and memory.offload both move the prefix cache's blocks; allowed: "
                               "one of them (memory.offload.host_gb=null and disk_gb=null, or memory.connector=null)")
         if connector is not None and not prefix_caching:
             raise ConfigError("memory.connector: a connector moves the prefix cache's blocks (keyed by content); "
                               "allowed with memory.prefix_caching=true only")
-        #: the KV connector (kvstudy/memory/connector.py): the offload tiers behind the prefix cache
-        #: (kvstudy/memory/offload.py), a user's own, or ``NoConnector``
-        try:
-            self.connector = connector or offload_tiers(dict(offload) if offload else None) or NoConnector()
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
+        #: the KV connector (kvstudy/memory/connector.py): a user's own, the offload tiers behind the prefix cache
+        #: (kvstudy/memory/offload.py), or ``NoConnector``
+        self.connector = connector if connector is not None else tiers if tiers is not None else NoConnector()
         if int(capacity_tokens) < block_size:
             raise ConfigError(f"memory.capacity_tokens={capacity_tokens}: less than one block of "
                               f"memory.block_size={block_size} tokens")
@@ -279,11 +279,12 @@ class PagedMemory:
         return 0, 0
 
     def describe(self) -> dict:
+        connector = self.connector.describe()
         return {"name": self.name, "capacity_tokens": self.capacity_tokens, "block_size": self.block_size,
                 "num_blocks": self.num_blocks, "watermark_blocks": self.watermark_blocks,
                 "swap_space_gb": self.swap_space_gb, "host_blocks": self.host_blocks_total,
                 **({"prefix_caching": True} if self.prefix_caching else {}),
-                **({"offload": self.connector.describe()} if self.connector.describe() else {})}
+                **({"offload": connector} if connector else {})}
 
     def __repr__(self) -> str:
         return f"PagedMemory({self.num_blocks} blocks of {self.block_size}, watermark {self.watermark_blocks})"

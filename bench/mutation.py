@@ -306,9 +306,9 @@ def draw(sessions: dict, sample, seed: int, cr, part=(1, 1), only=None):
 
 
 def outcomes(sessions: dict, cr):
-    """(rows, per-module tallies) of the mutants run: killed (tests failed, errored or timed out), survived,
-    equivalent (``EQUIVALENT``), or not run (cosmic-ray could not apply it: counted apart)."""
-    rows, per_module = [], {}
+    """The rows of the mutants run: killed (tests failed, errored or timed out), survived, equivalent
+    (``EQUIVALENT``), or not run (cosmic-ray could not apply it: counted apart)."""
+    rows = []
     for m, (_, db) in sessions.items():
         with cr.use_db(str(db), cr.WorkDB.Mode.open) as wdb:
             done = wdb.completed_work_items
@@ -326,12 +326,28 @@ def outcomes(sessions: dict, cr):
                 outcome = f"not run ({result.worker_outcome})"
             rows.append({"mutant": name, "outcome": outcome, "diff": result.diff,
                          "timeout": result.output == "timeout"})
-            tally = per_module.setdefault(m, {"mutants": 0, "killed": 0, "equivalent": 0, "not_run": 0})
-            tally["mutants"] += 1
-            tally["killed"] += outcome == "killed"
-            tally["equivalent"] += outcome == "equivalent"
-            tally["not_run"] += outcome.startswith("not run")
-    return sorted(rows, key=lambda r: r["mutant"]), per_module
+    return sorted(rows, key=lambda r: r["mutant"])
+
+
+def write_report(work: Path, rows: list, seconds: float, **fields) -> int:
+    """``<work>/report.json`` of these mutant rows (per-module tallies: killed, equivalent, not run, out of the
+    mutants run; the kill rate over those judged: neither equivalent nor not run), printed; ``fields`` describe the
+    run (seed, sample, ...)."""
+    per_module = {}
+    for row in rows:
+        tally = per_module.setdefault(row["mutant"].split(":")[0],
+                                      {"mutants": 0, "killed": 0, "equivalent": 0, "not_run": 0})
+        tally["mutants"] += 1
+        tally["killed"] += row["outcome"] == "killed"
+        tally["equivalent"] += row["outcome"] == "equivalent"
+        tally["not_run"] += row["outcome"].startswith("not run")
+    killed = sum(t["killed"] for t in per_module.values())
+    judged = sum(t["mutants"] - t["equivalent"] - t["not_run"] for t in per_module.values())
+    report = {**fields, "excluded_tests": sorted(EXCLUDED), "per_module": dict(sorted(per_module.items())),
+              "killed": killed, "judged": judged, "kill_rate": killed / judged if judged else None,
+              "seconds": round(seconds, 1), "mutants": rows}
+    (work / "report.json").write_text(json.dumps(report, indent=1))
+    return print_report(report, work / "report.json")
 
 
 def cosmic_ray():
@@ -417,16 +433,8 @@ def main(argv=None) -> int:
     for m, (cfg, db) in sessions.items():
         if any(mm == m for _, mm, _ in chosen):
             subprocess.run([cr.cosmic, "exec", str(cfg), str(db)], cwd=tree, env=env, check=True)
-    rows, per_module = outcomes(sessions, cr)
-    killed = sum(t["killed"] for t in per_module.values())
-    judged = sum(t["mutants"] - t["equivalent"] - t["not_run"] for t in per_module.values())
-    report = {"seed": args.seed, "sample": args.sample, "shard": list(args.shard), "modules": modules,
-              "excluded_tests": sorted(EXCLUDED), "mutants_total": len(everything),
-              "per_module": per_module, "killed": killed, "judged": judged,
-              "kill_rate": killed / judged if judged else None, "seconds": round(time.time() - t0, 1),
-              "mutants": rows}
-    (work / "report.json").write_text(json.dumps(report, indent=1))
-    return print_report(report, work / "report.json")
+    return write_report(work, outcomes(sessions, cr), time.time() - t0, seed=args.seed, sample=args.sample,
+                        shard=list(args.shard), modules=modules, mutants_total=len(everything))
 
 
 def covering(coverage: dict, module: str, line: int) -> list:
@@ -446,7 +454,7 @@ def recheck(chosen, sessions, tree: Path, env: dict, args, cr) -> int:
     from cosmic_ray.plugins import get_operator
 
     coverage = json.loads(args.coverage.read_text())
-    rows, per_module, t0 = [], {}, time.time()
+    rows, t0 = [], time.time()
     for name, m, job in chosen:
         with cr.use_db(str(sessions[m][1]), cr.WorkDB.Mode.open) as wdb:
             item = next(it for it in wdb.work_items if it.job_id == job)
@@ -456,8 +464,8 @@ def recheck(chosen, sessions, tree: Path, env: dict, args, cr) -> int:
             tests = tests[::-(-len(tests) // args.most_tests)]
         tests += [f for f in args.also_test if f not in EXCLUDED]
         outcome, seconds = "survived (no test covers the line)", 0.0
-        if name in EQUIVALENT:
-            tests = []  # listed with its reason: not run
+        if name in EQUIVALENT:  # listed with its reason: not run
+            outcome, tests = "equivalent", []
         if tests:
             with use_mutation(Path(mut.module_path), get_operator(mut.operator_name)(), mut.occurrence) as (_, code):
                 if code is None:
@@ -468,35 +476,22 @@ def recheck(chosen, sessions, tree: Path, env: dict, args, cr) -> int:
                         run = subprocess.run(["nice", "-n", "19", args.python, "-m", "pytest", "-n", "0", "-x", "-q",
                                               "-p", "no:cacheprovider", *tests], cwd=tree, env=env,
                                              capture_output=True, text=True, timeout=args.timeout)
-                        code_ = run.returncode
+                        status = run.returncode
                     except subprocess.TimeoutExpired:
-                        code_ = "timeout"
+                        status = "timeout"
                     seconds = time.time() - t
-                    if code_ == 0:
+                    if status == 0:
                         outcome = "survived"
-                    elif code_ == 4 or code_ == 5:  # usage error (a node id not found) or nothing collected
-                        outcome = f"not run (pytest exit {code_}: {run.stdout[-300:]!r})"
+                    elif status in (4, 5):  # usage error (a node id not found) or nothing collected
+                        outcome = f"not run (pytest exit {status}: {run.stdout[-300:]!r})"
                     else:
                         outcome = "killed"
-        if name in EQUIVALENT:
-            outcome = "equivalent"
         print(f"{outcome.split(' (')[0]:>9} {name} ({len(tests)} tests, {seconds:.0f} s)", flush=True)
         rows.append({"mutant": name, "outcome": outcome.split(" (")[0], "detail": outcome, "tests": len(tests),
                      "seconds": round(seconds, 1)})
-        tally = per_module.setdefault(m, {"mutants": 0, "killed": 0, "equivalent": 0, "not_run": 0})
-        tally["mutants"] += 1
-        tally["killed"] += rows[-1]["outcome"] == "killed"
-        tally["equivalent"] += rows[-1]["outcome"] == "equivalent"
-        tally["not_run"] += rows[-1]["outcome"] == "not run"
-    killed = sum(t["killed"] for t in per_module.values())
-    judged = sum(t["mutants"] - t["equivalent"] - t["not_run"] for t in per_module.values())
-    report = {"seed": args.seed, "sample": args.sample, "shard": list(args.shard), "modules": sorted(per_module),
-              "excluded_tests": sorted(EXCLUDED), "rechecked": str(args.survivors_of), "coverage": str(args.coverage),
-              "per_module": per_module, "killed": killed, "judged": judged,
-              "kill_rate": killed / judged if judged else None, "seconds": round(time.time() - t0, 1),
-              "mutants": rows}
-    (args.workdir / "report.json").write_text(json.dumps(report, indent=1))
-    return print_report(report, args.workdir / "report.json")
+    return write_report(args.workdir, rows, time.time() - t0, seed=args.seed, sample=args.sample,
+                        shard=list(args.shard), modules=sorted({m for _, m, _ in chosen}),
+                        rechecked=str(args.survivors_of), coverage=str(args.coverage))
 
 
 def print_table(paths: list) -> int:

@@ -157,7 +157,9 @@ class VidurTables:
 
     def iteration_seconds(self, prefill_chunks: Sequence[Tuple[int, int]], num_decodes: int, decode_context_sum: int) -> float:
         """One iteration's seconds: prefill chunks as (new tokens, tokens already cached), plus ``num_decodes``
-        decode requests whose cached contexts sum to ``decode_context_sum``."""
+        decode requests whose cached contexts sum to ``decode_context_sum``. Table cells are read as Python floats
+        (``item``) and combined in the same order as numpy scalars would be: the same IEEE doubles, without numpy's
+        per-scalar cost on the engine's hottest call."""
         total = num_decodes
         for chunk, _ in prefill_chunks:
             total += chunk
@@ -168,18 +170,19 @@ class VidurTables:
         if rounded >= len(per_token):  # past max_tokens (len - 1); no property call on this hot path
             raise OutOfRangeError(f"iteration of {total} tokens exceeds the predictor's trained range "
                                   f"latency.max_tokens={self.max_tokens}; raise latency.max_tokens")
-        layer = per_token[rounded]
+        layer = per_token.item(rounded)
         g = self.kv_granularity
         if num_decodes:
             decode_ms = self.decode_ms
-            if num_decodes >= decode_ms.shape[0]:  # past max_batch_size
+            rows, cols = decode_ms.shape
+            if num_decodes >= rows:  # past max_batch_size
                 raise OutOfRangeError(f"decode batch of {num_decodes} requests exceeds the trained range "
                                       f"latency.max_batch_size={self.max_batch_size}; raise latency.max_batch_size")
             kv_idx = -(-(decode_context_sum // num_decodes) // g)
-            if kv_idx >= decode_ms.shape[1]:
+            if kv_idx >= cols:
                 raise OutOfRangeError(f"mean decode context {decode_context_sum // num_decodes} exceeds the trained "
                                       f"range latency.max_tokens={self.max_tokens}")
-            attn = decode_ms[num_decodes, kv_idx]
+            attn = decode_ms.item(num_decodes, kv_idx)
             layer += attn * (1.0 + self.decode_overhead) if num_decodes > 1 else attn
         for chunk, context in prefill_chunks:
             c_idx = -(-chunk // 32)
@@ -187,8 +190,9 @@ class VidurTables:
             if c_idx >= self.prefill_ms.shape[1] or kv_idx >= self.prefill_ms.shape[0]:
                 raise OutOfRangeError(f"prefill chunk of {chunk} tokens over {context} cached exceeds the trained range "
                                       f"(latency.max_prefill_chunk={self.max_chunk}, latency.max_tokens={self.max_tokens})")
-            layer += self.prefill_ms[kv_idx, c_idx]
-        ms = self.layers_per_stage * layer * self.stages + (self.stages - 1) * self.send_recv_ms[rounded]
+            layer += self.prefill_ms.item(kv_idx, c_idx)
+        stages = self.stages
+        ms = self.layers_per_stage * layer * stages + (stages - 1) * self.send_recv_ms.item(rounded)
         return ms * 1e-3
 
     def decode_run_seconds(self, num_decodes: int, decode_context_sum: int, count: int) -> list:

@@ -15,8 +15,8 @@ replica's queue, and the replica takes it at its next scheduling point):
 * an idle replica sleeps until a request is routed to it; when every request is routed, sleeping replicas are told
   that none will come and finish.
 
-A request the memory model can never serve (rejected up front; the same on every replica, they share model and
-hardware) is routed nowhere (``replica`` -1). With one replica nothing here runs: ``cluster.replicas=1`` is the
+A request no replica's memory can serve (rejected up front by each) is routed nowhere (``replica`` -1); in a pool
+of mixed hardware (kvstudy/cluster/pools.py) a request some replicas refuse is routed among the others. With one replica nothing here runs: ``cluster.replicas=1`` is the
 single engine, bit for bit.
 """
 from __future__ import annotations
@@ -113,7 +113,11 @@ def drive(engines: Sequence, router, arrival: Sequence[float], lockstep: bool = 
     for r in range(size):
         resume(r)  # each pauses first at its clock 0, before anything arrives
     states = [e.state.request_state for e in engines]
-    rejected = (states[0] == REJECTED).tolist()
+    refused = [s == REJECTED for s in states]  # each replica's up-front rejections (its own hardware's capacity)
+    rejected = np.logical_and.reduce(refused).tolist()  # routed nowhere: no replica can serve it
+    # replicas of different hardware (a mixed-GPU pool) may refuse different requests: such a request is routed among
+    # the replicas that can serve it (the router sees just those)
+    uneven = any((r != refused[0]).any() for r in refused[1:])
     others = [[m for m in range(size) if m != j] for j in range(size)]
     route, name = router.route, getattr(router, "name", type(router).__name__)
     k = 0
@@ -131,11 +135,12 @@ def drive(engines: Sequence, router, arrival: Sequence[float], lockstep: bool = 
                     resume(r, due)
             if k < n:
                 now[0] = arrival[k]
-                j = route(k, views)
-                if isinstance(j, (bool, np.bool_)) or not isinstance(j, (int, np.integer)) or not 0 <= j < size:
-                    raise KvStudyError(f"router '{name}' sent request {k} to replica {j!r}; replicas are 0 .. "
-                                       f"{size - 1}")
-                j = int(j)
+                able = [m for m in range(size) if not refused[m][k]] if uneven else None
+                if able is not None and len(able) < size:
+                    j = _checked(route(k, [views[m] for m in able]), k, len(able), name)
+                    j = able[j]
+                else:
+                    j = _checked(route(k, views), k, size, name)
                 routed[k] = j
                 for m in others[j]:
                     states[m][k] = ELSEWHERE
@@ -164,11 +169,20 @@ def drive(engines: Sequence, router, arrival: Sequence[float], lockstep: bool = 
     return results, routed
 
 
-def merge(engines: Sequence, results: Sequence[EngineResult], routed: np.ndarray, router_name: str) -> EngineResult:
+def _checked(j, k: int, size: int, name: str) -> int:
+    """A router's answer for request k among ``size`` replicas, as an int; else one line naming the router."""
+    if isinstance(j, (bool, np.bool_)) or not isinstance(j, (int, np.integer)) or not 0 <= j < size:
+        raise KvStudyError(f"router '{name}' sent request {k} to replica {j!r}; replicas are 0 .. {size - 1}")
+    return int(j)
+
+
+def merge(engines: Sequence, results: Sequence[EngineResult], routed: np.ndarray, router_name: str,
+          hardware: Sequence[str] = None) -> EngineResult:
     """One run's records from its replicas': each request's row from the replica it was routed to (a ``replica``
     column; -1 for requests rejected up front), the iterations of all replicas (a ``replica`` column, in time order),
     the cluster's status (an interrupted replica's, else the first that did not complete; ``nothing_served`` over
-    all requests), and per-replica facts in ``extra['cluster']``."""
+    all requests), and per-replica facts in ``extra['cluster']`` (with ``hardware``, each replica's hardware name:
+    cluster.pools)."""
     first = results[0]
     order = np.argsort(engines[0].requests.request_id, kind="stable")  # the requests tables are sorted by request_id
     where = routed[order]
@@ -216,6 +230,9 @@ def merge(engines: Sequence, results: Sequence[EngineResult], routed: np.ndarray
                              "embedded": sum(p["embedded"] for p in parts), "preemptions_by_cause": causes}
     extra["cluster"] = {"replicas": len(results), "router": router_name,
                         "per_replica": [_replica_summary(r, res, where) for r, res in enumerate(results)]}
+    if hardware is not None:  # cluster.pools: each replica's hardware and KV capacity (a mixed-GPU pool's differ)
+        for r, part in enumerate(extra["cluster"]["per_replica"]):
+            part["hardware"], part["kv_capacity_tokens"] = hardware[r], int(results[r].capacity)
     result.extra = extra
     if any(res.events is not None for res in results):
         result.events = _owned_events(engines[0].requests.request_id, results, routed)

@@ -284,7 +284,8 @@ SCHEMA: Dict[str, Group] = {
         "max_iterations": whole(ge=1, le=2 ** 62, e_notation=True),
         "progress": flag(),
     }),
-    "cluster": Group({"replicas": whole(ge=1, le=1024, unit="replicas")}),
+    # pools: checked by kvstudy/cluster/pools.py (a mapping of pools, each naming options of other groups)
+    "cluster": Group({"replicas": whole(ge=1, le=1024, unit="replicas"), "pools": Key("any", null=True)}),
     "router": Group({"name": NAME}, by="_target_", options={
         "kvstudy.cluster.routers.RoundRobin": {}, "kvstudy.cluster.routers.Random": {},
         "kvstudy.cluster.routers.LeastOutstanding": {}, "kvstudy.cluster.routers.LeastKV": {},

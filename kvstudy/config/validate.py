@@ -27,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from kvstudy.errors import ConfigError
 from kvstudy.running.paths import CONF_DIR
+from kvstudy.cluster.pools import read_pools
 from kvstudy.config.schema import SCHEMA, key_spec, show
 from kvstudy.config.user_files import _parameters, check_user_files, choice_values, search_dirs  # noqa: F401
 
@@ -261,7 +262,9 @@ def _check_hardware(plain: dict) -> None:
                           f"{str(gpu.calibrated).lower()} (kvstudy/profiles/devices.py), or true with compute "
                           f"profiles of one's own (hardware.profiles.root)")
     replicas = (plain.get("cluster") or {}).get("replicas", 1)
-    if isinstance(replicas, int) and replicas > 1:
+    if (plain.get("cluster") or {}).get("pools") is not None:  # pools: a cluster, however many replicas
+        replicas = "<the pools'>"
+    if isinstance(replicas, str) or (isinstance(replicas, int) and replicas > 1):
         load = (plain.get("demand") or {}).get("load") if isinstance(plain.get("demand"), dict) else None
         if load is not None:
             raise ConfigError(f"demand.load={load} is relative to one replica's capacity; with cluster.replicas="
@@ -305,6 +308,7 @@ def check_config(cfg: DictConfig) -> None:
     _check_device_name(plain)
     _check_values(plain, OmegaConf.to_container(cfg, resolve=False))
     _check_together(plain)
+    read_pools(plain.get("cluster") or {})  # cluster.pools' shape (the options they name: at the run's assembly)
 
 
 def options(group: str, overrides: Iterable[str] = ()) -> list:

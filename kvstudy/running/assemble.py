@@ -30,9 +30,10 @@ from kvstudy.latency.tables import HardwareSpec
 from kvstudy.costs.transfer import network_reader
 from kvstudy.memory.connector import KV_CONNECTOR_MEMBERS, KVConnector
 from kvstudy.running import offered_load, provenance
-from kvstudy.running.compose import compose_policy, plain
+from kvstudy.running.compose import compose_group, compose_policy, plain
 from kvstudy.running.no_effect import no_effect
 from kvstudy.running.outputs import summarize
+from kvstudy.running.pool_setup import cluster_pools, replica_setups
 from kvstudy.running.run_context import RunContext, engine_inputs
 from kvstudy.running.targets import instantiate, takes_rng
 from kvstudy.workloads.arrivals import arrivals, check_span
@@ -283,19 +284,26 @@ def simulate(cfg: DictConfig) -> Tuple[EngineResult, dict]:
     """Run one configuration in memory; returns the engine result and its summary."""
     started = time.perf_counter()
     check_config(cfg)
+    pools = cluster_pools(cfg)  # cluster.pools read and checked (one line each), None without
     policy = build_policy(cfg)
     for note in no_effect(cfg, policy):
         warnings.warn(note, stacklevel=2)
     ctx = _context(cfg, latency=True)
     arch, hw, latency, seed = ctx.arch, ctx.hardware, ctx.latency, ctx.seed
     after = getattr(policy, "after_run", None)
-    engine = _prepared_engine(cfg, ctx, policy, seed)
-    replicas = int(OmegaConf.select(cfg, "cluster.replicas", default=1))
+    if pools is None:
+        setups = [(cfg, ctx)] * int(OmegaConf.select(cfg, "cluster.replicas", default=1))
+    else:  # every replica's hardware, capacity and latency model built (and refused) before any engine runs
+        setups = replica_setups(cfg, ctx, pools, lambda own: model_setup(own, latency=True))
+        if setups[0][0] is not cfg:  # replica 0 of a pool of its own: its policy
+            policy = build_policy(setups[0][0])
+    engine = _prepared_engine(*setups[0], policy, seed)
+    replicas = len(setups)
     sim_started = time.perf_counter()
-    if replicas == 1:
+    if replicas == 1 and pools is None:
         result = engine.run()
     else:
-        result = _run_cluster(cfg, ctx, policy, engine, replicas)
+        result = _run_cluster(cfg, setups, policy, engine, pools)
     name = OmegaConf.select(cfg, "policy.name", default=None) or getattr(policy, "name", type(policy).__name__)
     described = latency.describe()
     result.extra = {**result.extra, "policy": name, "model": arch.name, "hardware": hw.name, "seed": seed,
@@ -303,7 +311,7 @@ def simulate(cfg: DictConfig) -> Tuple[EngineResult, dict]:
                     "simulate_seconds": round(time.perf_counter() - sim_started, 3),
                     "wall_seconds": round(time.perf_counter() - started, 3),
                     "provenance": provenance.record(policy_target(cfg), profile_paths(cfg), described)}
-    if callable(after) and replicas == 1:
+    if callable(after) and replicas == 1 and pools is None:
         after(result, ctx)
     _settle_rejections(cfg, result)
     return result, summarize(result)
@@ -363,26 +371,31 @@ def _prepared_engine(cfg: DictConfig, ctx: RunContext, policy, seed: int) -> Ste
                         **inputs)
 
 
-def build_router(cfg: DictConfig):
-    """The ``router`` group's router (kvstudy/cluster/routers.py), reset with the run's seed."""
-    router = instantiate(cfg.router)
+def build_router(cfg: DictConfig, option: str = None):
+    """The ``router`` group's router (kvstudy/cluster/routers.py), reset with the run's seed; ``option``: another
+    option of the group (a pool's, conf/router/<option>.yaml) instead of the run's."""
+    router = instantiate(cfg.router if option is None else compose_group("router", option))
     router.reset(int(cfg.seed))
     return router
 
 
-def _run_cluster(cfg: DictConfig, ctx: RunContext, policy, first: StepEngine, replicas: int) -> EngineResult:
-    """``cluster.replicas`` > 1 (kvstudy/cluster/driver.py): ``first`` is replica 0's engine (``policy``'s); replica k
-    gets its own policy instance (the policy's ``before_run`` hook run for it, reset with seed + k), memory and swap
-    model; they share the latency model. Each policy's ``after_run`` annotates its replica's records before they are
-    merged."""
+def _run_cluster(cfg: DictConfig, setups: list, policy, first: StepEngine, pools=None) -> EngineResult:
+    """``cluster.replicas`` > 1 or ``cluster.pools`` (kvstudy/cluster/driver.py): ``setups`` holds each replica's
+    (config, run context) (kvstudy/running/pool_setup.py; the run's own for ``cluster.replicas``); ``first`` is
+    replica 0's engine (``policy``'s); replica k gets its own policy instance (the policy's ``before_run`` hook run
+    for it, reset with seed + k), memory and swap model; replicas of one hardware share its latency model. Each
+    policy's ``after_run`` annotates its replica's records before they are merged. The router: the pool's
+    (``cluster.pools.<name>.router``), else the run's."""
+    ctx = setups[0][1]
     if first.arrivals == "authors_code":
         raise ConfigError("engine.arrivals=authors_code (regime=authors) is the MC-SF authors' single-worker event "
                           "order; with cluster.replicas > 1 use regime=none")
-    router = build_router(cfg)
+    router = build_router(cfg, pools[0].router if pools else None)
     policies, engines = [policy], [first]
-    for k in range(1, replicas):
-        policies.append(build_policy(cfg))
-        engines.append(_prepared_engine(cfg, ctx, policies[-1], ctx.seed + k))
+    for k in range(1, len(setups)):
+        own, own_ctx = setups[k]
+        policies.append(build_policy(own))
+        engines.append(_prepared_engine(own, own_ctx, policies[-1], ctx.seed + k))
     def link():  # bytes -> seconds between two nodes (the node's send/recv profile), read when a connector asks
         prof = plain(cfg.hardware).get("profiles") or {}
         files = profile_files(ctx.arch, ctx.hardware, prof.get("root"), prof.get("compute_dir"), prof.get("network_dir"))
@@ -394,11 +407,12 @@ def _run_cluster(cfg: DictConfig, ctx: RunContext, policy, first: StepEngine, re
     for engine in engines:
         engine.progress = False  # one bar per replica would interleave
     results, routed = drive(engines, router, ctx.requests.arrival_time.tolist(), lockstep=lockstep)
-    for policy, res in zip(policies, results):
+    for policy, res, (_, own_ctx) in zip(policies, results, setups):
         after = getattr(policy, "after_run", None)
         if callable(after):
-            after(res, ctx)
-    return merge(engines, results, routed, getattr(router, "name", type(router).__name__))
+            after(res, own_ctx)
+    hardware = [own_ctx.hardware.name for _, own_ctx in setups] if pools else None
+    return merge(engines, results, routed, getattr(router, "name", type(router).__name__), hardware)
 
 
 def profile_paths(cfg: DictConfig) -> list:

@@ -30,7 +30,8 @@ def no_effect(cfg: DictConfig, policy) -> list:
         notes.append(f"policy.waiting_order={order} has no effect without a prefix cache: the queue is taken FCFS "
                      f"(set memory.prefix_caching=true, or memory=paged_prefix)")
     router = OmegaConf.select(cfg, "router.name", default="round_robin")
-    if OmegaConf.select(cfg, "cluster.replicas", default=1) == 1 and router != "round_robin":
+    if OmegaConf.select(cfg, "cluster.replicas", default=1) == 1 and router != "round_robin" and \
+            OmegaConf.select(cfg, "cluster.pools", default=None) is None:
         notes.append(f"router={router} has no effect with one replica: set cluster.replicas to 2 or more")
     pred = plain(cfg.predictor)
     for kind, key in (("gaussian_noise", "sigma"), ("uniform_noise", "epsilon"), ("lognormal_noise", "sigma")):
@@ -97,7 +98,7 @@ def offload_notes(cfg: DictConfig) -> list:
             notes.append(f"{' and '.join(changed)} {'has' if len(changed) == 1 else 'have'} no effect without a host "
                          f"tier (memory.offload.host_gb is null): give memory.offload.host_gb=<GB> for one")
     replicas = OmegaConf.select(cfg, "cluster.replicas", default=1)
-    if values.get("shared") is True and replicas == 1:
+    if values.get("shared") is True and replicas == 1 and OmegaConf.select(cfg, "cluster.pools", default=None) is None:
         notes.append("memory.offload.shared=true has no effect with one replica (cluster.replicas=1): a pool is "
                      "shared by the replicas of a cluster; set cluster.replicas to 2 or more")
     arch, block_bytes = _arch_and_block_bytes(cfg)

@@ -132,12 +132,16 @@ def bad_values(spec: Key) -> list:
                 else "x"]
     elif spec.kind == "text":
         vals = [7, 2.5, True, "", [1], INF]
+    elif spec.kind == "any":  # a structure its own module reads (cluster.pools: kvstudy/cluster/pools.py)
+        vals = ["abc", 5, True, [1], {}]
     else:  # list
         vals = ["abc", 5, [], [[1]]] + [[v] for v in bad_values(spec.item) if not isinstance(v, (list, dict))]
     if not spec.null:
         vals.append(None)
     if spec.auto:
         vals = [v for v in vals if v != "auto"] + ["Auto", "automatic"]
+    if spec.kind == "any":  # the schema takes anything here: the module that reads it refuses these
+        return vals
     return [v for v in vals if not spec.valid(v) or pytest.fail(f"{spec} takes the 'bad' value {v!r}")]
 
 
@@ -239,6 +243,8 @@ def _drawn_bad(spec: Key):
         strategy = st.one_of(st.integers(), st.floats(allow_nan=False), st.text().filter(lambda t: t not in spec.choices))
     elif spec.kind == "text":
         strategy = st.one_of(st.integers(), st.floats(allow_nan=False), st.booleans())
+    elif spec.kind == "any":  # cluster.pools: anything but a mapping of pools (its module refuses it)
+        return st.one_of(st.integers(), st.text(), st.booleans(), st.lists(st.integers(), min_size=1, max_size=3))
     else:
         strategy = st.one_of(st.integers(), st.text(), st.lists(_drawn_bad(spec.item), min_size=1, max_size=3))
     return strategy.filter(lambda v: not spec.valid(v) and v != "auto")

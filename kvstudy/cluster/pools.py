@@ -27,12 +27,15 @@ asks for it is refused in one line until it lands.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+import re
 from typing import Dict, List, Mapping, Optional, Tuple
 
 from kvstudy.errors import ConfigError
 
 ROLES = ("mixed", "prefill", "decode")
 FIELDS = ("role", "replicas", "hardware", "policy", "router", "memory")
+#: a pool's name: it is part of keys (cluster.pools.<name>.replicas) and of records
+NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: the most replicas a pool may have (cluster.replicas' bound, kvstudy/config/schema.py)
 MAX_REPLICAS = 1024
 
@@ -80,6 +83,9 @@ def read_pools(cluster: Mapping, hardware_options: Optional[List[str]] = None,
 
 def _read_pool(name: str, spec, hardware_options, policy_options, router_options) -> Pool:
     key = f"cluster.pools.{name}"
+    if not NAME.fullmatch(name):
+        raise ConfigError(f"{key}: pool name {name!r} not allowed; allowed: letters, digits and _, not starting with a "
+                          f"digit (the name is part of every message and record key)")
     if not isinstance(spec, Mapping):
         raise ConfigError(f"{key}={_show(spec)}: not a pool; allowed: a mapping with keys {', '.join(FIELDS)}")
     unknown = [k for k in spec if k not in FIELDS]
@@ -107,6 +113,9 @@ def _read_pool(name: str, spec, hardware_options, policy_options, router_options
                               f"one option per replica)")
         names = [hardware] * count
     for k, hw in enumerate(names):
+        if isinstance(hardware, (list, tuple)) and not isinstance(hw, str):
+            raise ConfigError(f"{key}.hardware[{k}]={_show(hw)}: allowed: a hardware option's name (a list names one "
+                              f"per replica; leave hardware out for the run's own)")
         if hw is not None and not isinstance(hw, str):
             raise ConfigError(f"{key}.hardware={_show(hardware)}: allowed: a hardware option's name, or a list of "
                               f"them, one per replica")
@@ -122,11 +131,26 @@ def _read_pool(name: str, spec, hardware_options, policy_options, router_options
         raise ConfigError(f"{key}.policy={_show(policy)}: unknown policy; allowed: {', '.join(policy_options)}")
     if router is not None and router_options is not None and router not in router_options:
         raise ConfigError(f"{key}.router={_show(router)}: unknown router; allowed: {', '.join(router_options)}")
-    memory = spec.get("memory") or {}
+    memory = spec.get("memory")
+    memory = {} if memory is None else memory
     if not isinstance(memory, Mapping):
         raise ConfigError(f"{key}.memory={_show(memory)}: allowed: a mapping of memory settings "
                           f"({{capacity_tokens: auto}})")
     return Pool(name, role, tuple(names), policy, router, dict(memory))
+
+
+def replica_count(cluster: Mapping) -> int:
+    """How many replicas a ``cluster`` node asks for: its pools' (as far as they can be read; ``read_pools`` names
+    what is wrong with them), else ``cluster.replicas``."""
+    node = cluster.get("pools")
+    if not isinstance(node, Mapping):
+        return cluster.get("replicas", 1)
+    total = 0
+    for spec in node.values():
+        spec = spec if isinstance(spec, Mapping) else {}
+        hw, count = spec.get("hardware"), spec.get("replicas")
+        total += len(hw) if isinstance(hw, (list, tuple)) else count if isinstance(count, int) else 1
+    return total
 
 
 def runnable(pools: List[Pool]) -> None:

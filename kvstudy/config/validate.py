@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from kvstudy.errors import ConfigError
 from kvstudy.running.paths import CONF_DIR
-from kvstudy.cluster.pools import read_pools
+from kvstudy.cluster.pools import read_pools, replica_count
 from kvstudy.config.schema import SCHEMA, key_spec, show
 from kvstudy.config.user_files import _parameters, check_user_files, choice_values, search_dirs  # noqa: F401
 
@@ -261,17 +261,17 @@ def _check_hardware(plain: dict) -> None:
         raise ConfigError(f"hardware.calibrated={str(calibrated).lower()}: device '{device}' {fact}; allowed: "
                           f"{str(gpu.calibrated).lower()} (kvstudy/profiles/devices.py), or true with compute "
                           f"profiles of one's own (hardware.profiles.root)")
-    replicas = (plain.get("cluster") or {}).get("replicas", 1)
-    if (plain.get("cluster") or {}).get("pools") is not None:  # pools: a cluster, however many replicas
-        replicas = "<the pools'>"
-    if isinstance(replicas, str) or (isinstance(replicas, int) and replicas > 1):
+    replicas = replica_count(plain.get("cluster") or {})  # cluster.replicas, or the pools' replicas in all
+    if isinstance(replicas, int) and replicas > 1:
         load = (plain.get("demand") or {}).get("load") if isinstance(plain.get("demand"), dict) else None
+        pooled = (plain.get("cluster") or {}).get("pools") is not None
+        what = f"cluster.pools ({replicas} replicas)" if pooled else f"cluster.replicas={replicas}"
         if load is not None:
-            raise ConfigError(f"demand.load={load} is relative to one replica's capacity; with cluster.replicas="
-                              f"{replicas} give demand.rate instead (allowed: cluster.replicas=1)")
+            raise ConfigError(f"demand.load={load} is relative to one replica's capacity; with {what} give demand.rate "
+                              f"instead (allowed: one replica)")
         if (plain.get("engine") or {}).get("arrivals") == "authors_code":
-            raise ConfigError(f"cluster.replicas={replicas}: engine.arrivals=authors_code (regime=authors) is the MC-SF "
-                              f"authors' single-worker event order; allowed: cluster.replicas=1, or regime=none")
+            raise ConfigError(f"{what}: engine.arrivals=authors_code (regime=authors) is the MC-SF authors' "
+                              f"single-worker event order; allowed: one replica, or regime=none")
 
 
 def check_value(group: str, node: Mapping, key: str, value) -> None:

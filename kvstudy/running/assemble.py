@@ -33,7 +33,7 @@ from kvstudy.running import offered_load, provenance
 from kvstudy.running.compose import compose_group, compose_policy, plain
 from kvstudy.running.no_effect import no_effect
 from kvstudy.running.outputs import summarize
-from kvstudy.running.pool_setup import cluster_pools, replica_setups
+from kvstudy.running.pool_setup import Setup, cluster_pools, replica_setups
 from kvstudy.running.run_context import RunContext, engine_inputs
 from kvstudy.running.targets import instantiate, takes_rng
 from kvstudy.workloads.arrivals import arrivals, check_span
@@ -281,7 +281,9 @@ def _paper_capacity_elsewhere(cfg: DictConfig, arch: ModelArch, hw: HardwareSpec
 
 
 def simulate(cfg: DictConfig) -> Tuple[EngineResult, dict]:
-    """Run one configuration in memory; returns the engine result and its summary."""
+    """Run one configuration in memory; returns the engine result and its summary. With ``cluster.pools`` the
+    summary's ``hardware`` and latency are replica 0's when every replica has the same hardware, else ``hardware``
+    joins the replicas' hardware names (``a100_tp2+h100_tp2``: each replica's is in ``cluster.per_replica``)."""
     started = time.perf_counter()
     check_config(cfg)
     pools = cluster_pools(cfg)  # cluster.pools read and checked (one line each), None without
@@ -289,32 +291,43 @@ def simulate(cfg: DictConfig) -> Tuple[EngineResult, dict]:
     for note in no_effect(cfg, policy):
         warnings.warn(note, stacklevel=2)
     ctx = _context(cfg, latency=True)
-    arch, hw, latency, seed = ctx.arch, ctx.hardware, ctx.latency, ctx.seed
-    after = getattr(policy, "after_run", None)
     if pools is None:
-        setups = [(cfg, ctx)] * int(OmegaConf.select(cfg, "cluster.replicas", default=1))
+        setups = [Setup(cfg, ctx)] * int(OmegaConf.select(cfg, "cluster.replicas", default=1))
     else:  # every replica's hardware, capacity and latency model built (and refused) before any engine runs
         setups = replica_setups(cfg, ctx, pools, lambda own: model_setup(own, latency=True))
-        if setups[0][0] is not cfg:  # replica 0 of a pool of its own: its policy
-            policy = build_policy(setups[0][0])
-    engine = _prepared_engine(*setups[0], policy, seed)
-    replicas = len(setups)
+        if setups[0].cfg is not cfg:  # replica 0 of a pool of its own: its policy
+            policy = build_policy(setups[0].cfg)
+    top_cfg, top_ctx = setups[0].cfg, setups[0].ctx  # one replica's (a cluster's: replica 0's)
+    arch, hw, latency, seed = top_ctx.arch, top_ctx.hardware, top_ctx.latency, ctx.seed
+    after = getattr(policy, "after_run", None)
+    engine = _located(setups[0], lambda: _prepared_engine(top_cfg, top_ctx, policy, seed))
     sim_started = time.perf_counter()
-    if replicas == 1 and pools is None:
-        result = engine.run()
-    else:
-        result = _run_cluster(cfg, setups, policy, engine, pools)
-    name = OmegaConf.select(cfg, "policy.name", default=None) or getattr(policy, "name", type(policy).__name__)
+    result = engine.run() if len(setups) == 1 else _run_cluster(cfg, setups, policy, engine, pools)
+    name = OmegaConf.select(top_cfg, "policy.name", default=None) or getattr(policy, "name", type(policy).__name__)
     described = latency.describe()
-    result.extra = {**result.extra, "policy": name, "model": arch.name, "hardware": hw.name, "seed": seed,
-                    **_hardware_record(cfg, arch, hw, ctx), "latency": described,
+    distinct = list(dict.fromkeys(s.cfg for s in setups))  # each distinct replica config once, in order
+    names = list(dict.fromkeys(s.ctx.hardware.name for s in setups))
+    paths = sorted({path for own in distinct for path in profile_paths(own)})
+    result.extra = {**result.extra, "policy": name, "model": arch.name, "hardware": "+".join(names), "seed": seed,
+                    **_hardware_record(top_cfg, arch, hw, top_ctx), "latency": described,
                     "simulate_seconds": round(time.perf_counter() - sim_started, 3),
                     "wall_seconds": round(time.perf_counter() - started, 3),
-                    "provenance": provenance.record(policy_target(cfg), profile_paths(cfg), described)}
-    if callable(after) and replicas == 1 and pools is None:
-        after(result, ctx)
+                    "provenance": provenance.record(policy_target(top_cfg), paths if pools else profile_paths(cfg),
+                                                    described)}
+    if callable(after) and len(setups) == 1:
+        after(result, top_ctx)
     _settle_rejections(cfg, result)
     return result, summarize(result)
+
+
+def _located(setup: Setup, build):
+    """``build()`` for one replica; a ConfigError names the replica's pool (cluster.pools) first."""
+    try:
+        return build()
+    except ConfigError as exc:
+        if setup.where is None:
+            raise
+        raise ConfigError(f"{setup.where}: {exc}") from None
 
 
 def _hardware_record(cfg: DictConfig, arch: ModelArch, hw: HardwareSpec, ctx: RunContext) -> dict:
@@ -386,16 +399,16 @@ def _run_cluster(cfg: DictConfig, setups: list, policy, first: StepEngine, pools
     for it, reset with seed + k), memory and swap model; replicas of one hardware share its latency model. Each
     policy's ``after_run`` annotates its replica's records before they are merged. The router: the pool's
     (``cluster.pools.<name>.router``), else the run's."""
-    ctx = setups[0][1]
+    ctx = setups[0].ctx
     if first.arrivals == "authors_code":
         raise ConfigError("engine.arrivals=authors_code (regime=authors) is the MC-SF authors' single-worker event "
                           "order; with cluster.replicas > 1 use regime=none")
     router = build_router(cfg, pools[0].router if pools else None)
     policies, engines = [policy], [first]
     for k in range(1, len(setups)):
-        own, own_ctx = setups[k]
+        own, own_ctx = setups[k].cfg, setups[k].ctx
         policies.append(build_policy(own))
-        engines.append(_prepared_engine(own, own_ctx, policies[-1], ctx.seed + k))
+        engines.append(_located(setups[k], lambda: _prepared_engine(own, own_ctx, policies[-1], ctx.seed + k)))
     def link():  # bytes -> seconds between two nodes (the node's send/recv profile), read when a connector asks
         prof = plain(cfg.hardware).get("profiles") or {}
         files = profile_files(ctx.arch, ctx.hardware, prof.get("root"), prof.get("compute_dir"), prof.get("network_dir"))
@@ -407,11 +420,11 @@ def _run_cluster(cfg: DictConfig, setups: list, policy, first: StepEngine, pools
     for engine in engines:
         engine.progress = False  # one bar per replica would interleave
     results, routed = drive(engines, router, ctx.requests.arrival_time.tolist(), lockstep=lockstep)
-    for policy, res, (_, own_ctx) in zip(policies, results, setups):
+    for policy, res, setup in zip(policies, results, setups):
         after = getattr(policy, "after_run", None)
         if callable(after):
-            after(res, own_ctx)
-    hardware = [own_ctx.hardware.name for _, own_ctx in setups] if pools else None
+            after(res, setup.ctx)
+    hardware = [setup.ctx.hardware.name for setup in setups] if pools else None
     return merge(engines, results, routed, getattr(router, "name", type(router).__name__), hardware)
 
 

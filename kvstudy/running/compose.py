@@ -58,3 +58,9 @@ def group_of(node: DictConfig) -> str:
         return node._get_full_key(None) or "config"  # memory, policy, ...; memory.connector for a node inside one
     except Exception:
         return "config"
+
+
+def policy_memory(name: str) -> DictConfig:
+    """The ``memory`` node ``+policy=<name>`` composes (a policy's option may select its memory model: ``lpm`` takes
+    ``paged_prefix``)."""
+    return _composed(f"+policy={name}", "memory")

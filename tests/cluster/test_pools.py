@@ -69,6 +69,14 @@ def test_a_mixed_gpu_pool_gives_each_replica_its_hardware_s_capacity_and_routes_
     ("{p: {role: prefill, replicas: 1}, d: {role: decode, replicas: 3}}",
      "prefill/decode disaggregation (the KV handoff between pools, issue 57) is not built yet"),
     ("{a: {replicas: 1}, b: {replicas: 1}}", "cluster.pools has 2 mixed pools (a, b); allowed today: one"),
+    ("{m: {hardware: [a100_tp2, null]}}", "cluster.pools.m.hardware[1]=None: allowed: a hardware option's name"),
+    ("{m: {replicas: 2, memory: false}}", "cluster.pools.m.memory=False: allowed: a mapping of memory settings"),
+    ("{m: {replicas: 2, memory: {foo: 1}}}", "cluster.pools.m.memory.foo: not a setting of the run's memory (paged)"),
+    ("{m: {replicas: 2, policy: mcsf_prefix}}", "cluster.pools.m.policy=mcsf_prefix: runs with "
+                                                "memory.prefix_caching=true, the run's is false; allowed: give the pool "
+                                                "memory: {prefix_caching: true}"),
+    ("{1x: {replicas: 2}}", "cluster.pools.1x: pool name '1x' not allowed"),
+    ("{a.b: {replicas: 2}}", "cluster.pools.a.b: pool name 'a.b' not allowed"),
 ])
 def test_a_bad_pool_is_one_line_naming_it(pools, message):
     with pytest.raises(ConfigError) as err:
@@ -95,8 +103,41 @@ def test_a_pool_whose_hardware_cannot_hold_the_model_is_named_before_any_work():
 def test_a_pool_s_own_policy_and_memory_are_its_replicas():
     res, _ = _run("+policy=vllm", "memory=paged",
                   "+cluster.pools={m: {replicas: 2, policy: sarathi, memory: {capacity_tokens: 8192}}}")
-    assert res.extra["policy"] == "vllm"  # the run's name; its replicas ran the pool's
+    assert res.extra["policy"] == "sarathi"  # what its replicas ran
     assert [p["kv_capacity_tokens"] for p in res.extra["cluster"]["per_replica"]] == [8192, 8192]
     alone = api.simulate(api.compose(["+policy=sarathi", "memory=paged", "memory.capacity_tokens=8192",
                                       "cluster.replicas=2"] + FAST))[0]
     pd.testing.assert_frame_equal(res.requests, alone.requests)
+
+
+def test_a_pool_naming_the_run_s_hardware_keeps_the_run_s_overrides_of_it():
+    common = ["+policy=vllm", "memory=paged", "memory.capacity_tokens=auto", "hardware.memory_gb_per_gpu=90"]
+    plain, _ = _run(*common, "cluster.replicas=2")
+    named, _ = _run(*common, "+cluster.pools={m: {replicas: 2, hardware: a100_tp2}}")
+    assert [p["kv_capacity_tokens"] for p in named.extra["cluster"]["per_replica"]] == [plain.capacity] * 2
+    pd.testing.assert_frame_equal(named.requests, plain.requests)
+
+
+def test_a_pool_policy_on_another_memory_model_is_refused():
+    with pytest.raises(ConfigError, match=r"^cluster.pools.m.policy=vllm: runs on memory=paged, the run's memory is "
+                                          r"paper; allowed: a policy of the run's memory model"):
+        _run("+policy=mcsf", "+cluster.pools={m: {replicas: 2, policy: vllm}}")
+
+
+def test_a_pool_of_one_replica_is_the_single_engine_run():
+    alone, s1 = _run("+policy=vllm", "memory=paged")
+    pooled, s2 = _run("+policy=vllm", "memory=paged", "+cluster.pools={m: {replicas: 1}}")
+    pd.testing.assert_frame_equal(pooled.requests, alone.requests)
+    pd.testing.assert_frame_equal(pooled.iterations, alone.iterations)
+    other, _ = _run("+policy=vllm", "memory=paged", "+cluster.pools={m: {replicas: 1, hardware: h100_tp2}}")
+    direct, _ = _run("+policy=vllm", "memory=paged", "hardware=h100_tp2")
+    pd.testing.assert_frame_equal(other.requests, direct.requests)
+    assert other.extra["hardware"] == "h100_tp2" and "cluster" not in other.extra
+
+
+def test_a_mixed_gpu_summary_names_every_hardware_and_a_shared_offload_pool_across_them_is_refused():
+    res, _ = _run("+policy=vllm", "memory=paged", "+cluster.pools={m: {hardware: [a100_tp2, a100_tp4]}}")
+    assert res.extra["hardware"] == "a100_tp2+a100_tp4"
+    with pytest.raises(ConfigError, match=r"^memory.offload.shared=true with replicas of different hardware"):
+        _run("+policy=vllm", "memory=paged_offload", "memory.offload.host_gb=1", "memory.offload.shared=true",
+             "+cluster.pools={m: {hardware: [a100_tp2, a100_tp4]}}")

@@ -231,3 +231,28 @@ def test_nothing_outside_memory_reads_what_the_protocols_do_not_document():
                 if owner.rsplit(".", 1)[-1] in ("memory", "mem", "connector", "cache"):
                     bad.append(f"{name}:{node.lineno} {owner}.{node.attr}")
     assert not bad, f"implementation attributes read outside kvstudy/memory/: {bad}"
+
+
+def test_the_memory_s_block_table_is_written_by_the_memory_alone():
+    """``memory.gpu`` (request -> blocks held: ``BlockAllocator``) is owned by the memory model: the decode clock and
+    the policies hold a reference to read it (``held`` in kvstudy/engine/decode_clock.py), and nothing outside
+    kvstudy/memory/ assigns into it, deletes from it or rebinds it."""
+    names = {"gpu", "held"}
+    bad = []
+    for name, path in _outside_memory().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = []
+            if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            elif isinstance(node, ast.Delete):
+                targets = node.targets
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                    node.func.attr in ("pop", "clear", "update", "setdefault", "popitem"):
+                targets = [node.func.value]
+            for target in targets:
+                for sub in ast.walk(target):
+                    base = sub.value if isinstance(sub, ast.Subscript) else sub
+                    if isinstance(sub, ast.Subscript) or isinstance(node, ast.Call):
+                        if isinstance(base, ast.Attribute) and base.attr in names:  # x.gpu[...], clock.held.pop()
+                            bad.append(f"{name}:{node.lineno} {ast.unparse(target)}")
+    assert not bad, f"the memory's block table changed outside kvstudy/memory/: {bad}"

@@ -16,8 +16,8 @@ replica's queue, and the replica takes it at its next scheduling point):
   that none will come and finish.
 
 A request no replica's memory can serve (rejected up front by each) is routed nowhere (``replica`` -1); in a pool
-of mixed hardware (kvstudy/cluster/pools.py) a request some replicas refuse is routed among the others. With one replica nothing here runs: ``cluster.replicas=1`` is the
-single engine, bit for bit.
+of mixed hardware (kvstudy/cluster/pools.py) a request some replicas refuse is routed among the others. With one
+replica nothing here runs: ``cluster.replicas=1`` is the single engine, bit for bit.
 """
 from __future__ import annotations
 

@@ -305,15 +305,17 @@ def simulate(cfg: DictConfig) -> Tuple[EngineResult, dict]:
     result = engine.run() if len(setups) == 1 else _run_cluster(cfg, setups, policy, engine, pools)
     name = OmegaConf.select(top_cfg, "policy.name", default=None) or getattr(policy, "name", type(policy).__name__)
     described = latency.describe()
-    distinct = list(dict.fromkeys(s.cfg for s in setups))  # each distinct replica config once, in order
-    names = list(dict.fromkeys(s.ctx.hardware.name for s in setups))
-    paths = sorted({path for own in distinct for path in profile_paths(own)})
-    result.extra = {**result.extra, "policy": name, "model": arch.name, "hardware": "+".join(names), "seed": seed,
+    if pools is None:
+        hardware, paths = hw.name, profile_paths(cfg)
+    else:  # every replica's hardware named, every distinct replica config's profiles hashed (each config once)
+        hardware = "+".join(dict.fromkeys(s.ctx.hardware.name for s in setups))
+        distinct = {id(s.cfg): s.cfg for s in setups}.values()
+        paths = sorted({path for own in distinct for path in profile_paths(own)})
+    result.extra = {**result.extra, "policy": name, "model": arch.name, "hardware": hardware, "seed": seed,
                     **_hardware_record(top_cfg, arch, hw, top_ctx), "latency": described,
                     "simulate_seconds": round(time.perf_counter() - sim_started, 3),
                     "wall_seconds": round(time.perf_counter() - started, 3),
-                    "provenance": provenance.record(policy_target(top_cfg), paths if pools else profile_paths(cfg),
-                                                    described)}
+                    "provenance": provenance.record(policy_target(top_cfg), paths, described)}
     if callable(after) and len(setups) == 1:
         after(result, top_ctx)
     _settle_rejections(cfg, result)

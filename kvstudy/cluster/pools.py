@@ -139,20 +139,6 @@ def _read_pool(name: str, spec, hardware_options, policy_options, router_options
     return Pool(name, role, tuple(names), policy, router, dict(memory))
 
 
-def replica_count(cluster: Mapping) -> int:
-    """How many replicas a ``cluster`` node asks for: its pools' (as far as they can be read; ``read_pools`` names
-    what is wrong with them), else ``cluster.replicas``."""
-    node = cluster.get("pools")
-    if not isinstance(node, Mapping):
-        return cluster.get("replicas", 1)
-    total = 0
-    for spec in node.values():
-        spec = spec if isinstance(spec, Mapping) else {}
-        hw, count = spec.get("hardware"), spec.get("replicas")
-        total += len(hw) if isinstance(hw, (list, tuple)) else count if isinstance(count, int) else 1
-    return total
-
-
 def runnable(pools: List[Pool]) -> None:
     """What runs today (module docstring): one mixed pool. Anything else is one line saying what is not built yet."""
     roles = sorted({p.role for p in pools})

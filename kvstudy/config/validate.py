@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from kvstudy.errors import ConfigError
 from kvstudy.running.paths import CONF_DIR
-from kvstudy.cluster.pools import read_pools, replica_count
+from kvstudy.cluster.pools import read_pools
 from kvstudy.config.schema import SCHEMA, key_spec, show
 from kvstudy.config.user_files import _parameters, check_user_files, choice_values, search_dirs  # noqa: F401
 
@@ -261,11 +261,12 @@ def _check_hardware(plain: dict) -> None:
         raise ConfigError(f"hardware.calibrated={str(calibrated).lower()}: device '{device}' {fact}; allowed: "
                           f"{str(gpu.calibrated).lower()} (kvstudy/profiles/devices.py), or true with compute "
                           f"profiles of one's own (hardware.profiles.root)")
-    replicas = replica_count(plain.get("cluster") or {})  # cluster.replicas, or the pools' replicas in all
+    cluster = plain.get("cluster") or {}
+    pools = read_pools(cluster)  # cluster.pools' shape (the options they name: at the run's assembly)
+    replicas = sum(p.replicas for p in pools) if pools else cluster.get("replicas", 1)
     if isinstance(replicas, int) and replicas > 1:
         load = (plain.get("demand") or {}).get("load") if isinstance(plain.get("demand"), dict) else None
-        pooled = (plain.get("cluster") or {}).get("pools") is not None
-        what = f"cluster.pools ({replicas} replicas)" if pooled else f"cluster.replicas={replicas}"
+        what = f"cluster.pools ({replicas} replicas)" if pools else f"cluster.replicas={replicas}"
         if load is not None:
             raise ConfigError(f"demand.load={load} is relative to one replica's capacity; with {what} give demand.rate "
                               f"instead (allowed: one replica)")
@@ -308,7 +309,6 @@ def check_config(cfg: DictConfig) -> None:
     _check_device_name(plain)
     _check_values(plain, OmegaConf.to_container(cfg, resolve=False))
     _check_together(plain)
-    read_pools(plain.get("cluster") or {})  # cluster.pools' shape (the options they name: at the run's assembly)
 
 
 def options(group: str, overrides: Iterable[str] = ()) -> list:

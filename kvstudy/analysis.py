@@ -156,3 +156,69 @@ def overload_service_rate(mean_latency: float, num_requests: float, arrival_rate
     the time of one request's own processing, so it is a reading aid: when Table 1's point and Fig. 3's slope
     imply very different rates, both cannot describe one system (docs/findings.md)."""
     return 1.0 / (2.0 * mean_latency / num_requests + 1.0 / arrival_rate)
+
+
+#: the study's SLOs (docs/disaggregation.md): DistServe's chatbot SLOs for its 66B model (Zhong et al. OSDI'24,
+#: Table 1: TTFT 2.5 s, TPOT 0.15 s), the nearest of its settings to Llama2-70B on two A100s
+TTFT_SLO, TPOT_SLO = 2.5, 0.15
+
+
+def slo_attainment(reqs: pd.DataFrame, ttft_slo: float = TTFT_SLO, tpot_slo: float = TPOT_SLO) -> float:
+    """The share of all requests that completed with TTFT <= ``ttft_slo`` and TPOT (mean time per output token after
+    the first, requests.parquet's ``mean_tbt``; 0 for a one-token request) <= ``tpot_slo``: DistServe's SLO
+    attainment (a request not served misses both)."""
+    if not len(reqs):
+        return float("nan")
+    done = reqs["state"] == "done"
+    tpot = reqs["mean_tbt"].fillna(0.0)
+    return float((done & (reqs["ttft"] <= ttft_slo) & (tpot <= tpot_slo)).sum() / len(reqs))
+
+
+def disaggregation_table(folder, ttft_slo: float = TTFT_SLO, tpot_slo: float = TPOT_SLO,
+                         target: float = 0.9) -> pd.DataFrame:
+    """The disaggregation study's table (``+experiment=disaggregation``): per policy, deployment and rate, the SLO
+    attainment, TTFT p90 / p99, TBT p99 (pooled), the transfer's share of the time from the first token to the second
+    (the median over handed-off requests of transfer seconds / that gap), the decode pool's wait for blocks; and per
+    policy and deployment its goodput: the highest swept rate whose attainment is at least ``target`` (DistServe's
+    definition; NaN: no rate reaches it), per GPU over the deployment's GPUs."""
+    df = load_sweep(folder)
+    rows = []
+    for _, run in df.iterrows():
+        reqs = requests(run)
+        handed = reqs[reqs["handoff_time"].notna()] if "handoff_time" in reqs else reqs.iloc[:0]
+        gap = (handed["decode_admitted"] - handed["handoff_time"] + handed["transfer_seconds"]) if len(handed) else None
+        share = float((handed["transfer_seconds"] / (handed["transfer_end"] - handed["handoff_time"]
+                                                      + 1e-12)).median()) if len(handed) else 0.0
+        deployment = _layout(run)
+        rows.append({"policy": run["algorithm"], "deployment": deployment, "rate": float(run["demand.rate"]),
+                     "gpus": _gpus(run), "attainment": slo_attainment(reqs, ttft_slo, tpot_slo),
+                     "ttft_p90": run.get("ttft.p90"), "ttft_p99": run.get("ttft.p99"),
+                     "tbt_p99": run.get("tbt.p99"), "e2e_median": run.get("e2e_latency.median"),
+                     "transfer_s_median": float(handed["transfer_seconds"].median()) if len(handed) else 0.0,
+                     "transfer_share_of_handoff": share,
+                     "decode_wait_s_median": float(gap.median()) if gap is not None else 0.0,
+                     "status": run.get("status")})
+    table = pd.DataFrame(rows).sort_values(["policy", "deployment", "rate"]).reset_index(drop=True)
+    good = table[table["attainment"] >= target].groupby(["policy", "deployment"])["rate"].max()
+    table["goodput_rps"] = [good.get((p, d), np.nan) for p, d in zip(table["policy"], table["deployment"])]
+    table["goodput_per_gpu"] = table["goodput_rps"] / table["gpus"]
+    return table
+
+
+def _layout(run: pd.Series) -> str:
+    """``p1d3`` from a run's pools (load_sweep flattens ``cluster.pools.<name>.role`` and ``.replicas``),
+    ``colocated`` without."""
+    count = {}
+    for key in run.index:
+        if key.startswith("cluster.pools.") and key.endswith(".role") and isinstance(run[key], str):
+            count[run[key]] = run.get(key[:-len("role")] + "replicas")
+    if "prefill" not in count:
+        return "colocated"
+    return f"p{int(count['prefill'])}d{int(count.get('decode', 0))}"
+
+
+def _gpus(run: pd.Series) -> int:
+    """GPUs of the run's deployment: its replicas (cluster.per_replica, or 1) x the hardware's TP x PP."""
+    per = run.get("cluster.per_replica")
+    replicas = len(json.loads(per)) if isinstance(per, str) else 1
+    return replicas * int(run.get("hardware.tensor_parallel", 1)) * int(run.get("hardware.pipeline_parallel", 1))

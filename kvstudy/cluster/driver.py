@@ -155,18 +155,24 @@ def drive(engines: Sequence, router, arrival: Sequence[float], lockstep: bool = 
                     resume(r, None)
             elif not heap:
                 break
-    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: every replica stops where it stands, what is done is kept
-        for r in range(size):
-            if results[r] is None:
-                try:
-                    loops[r].throw(KeyboardInterrupt)
-                except StopIteration as stop:
-                    results[r] = stop.value
-                except KeyboardInterrupt:  # it was building its records when the signal came: nothing to keep
-                    pass
-        if any(res is None for res in results):
-            raise
+    except KeyboardInterrupt:
+        stop_all(loops, results)
     return results, routed
+
+
+def stop_all(loops, results: list) -> None:
+    """Ctrl-C or SIGTERM: every replica's loop stops where it stands and what is done is kept (``results``, filled
+    in); re-raised when a replica was building its records when the signal came (nothing to keep)."""
+    for r, loop in enumerate(loops):
+        if results[r] is None:
+            try:
+                loop.throw(KeyboardInterrupt)
+            except StopIteration as stop:
+                results[r] = stop.value
+            except KeyboardInterrupt:
+                pass
+    if any(res is None for res in results):
+        raise KeyboardInterrupt
 
 
 def _checked(j, k: int, size: int, name: str) -> int:

@@ -20,9 +20,8 @@ A pool in a config (``cluster.pools.<name>``)::
 Each replica's KV capacity, latency model and memory come from its own hardware (kvstudy/running/assemble.py
 ``pool_contexts``); the model, the requests and everything else are the run's.
 
-What runs today: one ``mixed`` pool (of any hardware). The ``prefill`` and ``decode`` roles are read and checked
-here; the handoff between them (the KV transfer through the connector) is the rest of issue 57, and a config that
-asks for it is refused in one line until it lands.
+What runs: one ``mixed`` pool (of any hardware), or one ``prefill`` and one ``decode`` pool (each of any hardware),
+joined by the KV handoff (``cluster.handoff``: kvstudy/cluster/handoff.py, kvstudy/cluster/disaggregated.py).
 """
 from __future__ import annotations
 
@@ -139,16 +138,28 @@ def _read_pool(name: str, spec, hardware_options, policy_options, router_options
     return Pool(name, role, tuple(names), policy, router, dict(memory))
 
 
-def runnable(pools: List[Pool]) -> None:
-    """What runs today (module docstring): one mixed pool. Anything else is one line saying what is not built yet."""
-    roles = sorted({p.role for p in pools})
-    if roles != ["mixed"]:
-        raise ConfigError(f"cluster.pools with role(s) {', '.join(r for r in roles if r != 'mixed')}: prefill/decode "
-                          f"disaggregation (the KV handoff between pools, issue 57) is not built yet; allowed today: "
-                          f"one pool of role mixed")
-    if len(pools) > 1:
-        raise ConfigError(f"cluster.pools has {len(pools)} mixed pools ({', '.join(p.name for p in pools)}); allowed "
-                          f"today: one (a router over pools arrives with disaggregation)")
+def runnable(pools: List[Pool], handoff=None) -> bool:
+    """What runs (module docstring): one mixed pool, or one ``prefill`` and one ``decode`` pool (returns True: a
+    disaggregated cluster, kvstudy/cluster/disaggregated.py). Anything else is one line saying what is allowed;
+    ``handoff`` (``cluster.handoff``) is read by a disaggregated cluster only."""
+    roles = sorted(p.role for p in pools)
+    if roles == ["decode", "prefill"]:
+        return True
+    if roles == ["mixed"]:
+        if handoff is not None:
+            raise ConfigError("cluster.handoff is read by a prefill pool and a decode pool (disaggregation); allowed: "
+                              "cluster.handoff=null with a mixed pool")
+        return False
+    named = ", ".join(f"{p.name} ({p.role})" for p in pools)
+    if "mixed" in roles:
+        raise ConfigError(f"cluster.pools: {named}: a mixed pool beside others is not built (a router over pools); "
+                          f"allowed: one mixed pool, or one prefill pool and one decode pool")
+    missing = "decode" if "decode" not in roles else "prefill"
+    if roles.count("prefill") > 1 or roles.count("decode") > 1:
+        raise ConfigError(f"cluster.pools: {named}: allowed: one pool of each role (one prefill pool and one decode "
+                          f"pool; give a pool more replicas, or a hardware list for a mixed-GPU pool)")
+    raise ConfigError(f"cluster.pools: {named}: a {roles[0]} pool needs a {missing} pool (a request prefilled on one "
+                      f"decodes on the other); allowed: one prefill pool and one decode pool, or one mixed pool")
 
 
 def _show(value) -> str:

@@ -285,7 +285,9 @@ SCHEMA: Dict[str, Group] = {
         "progress": flag(),
     }),
     # pools: checked by kvstudy/cluster/pools.py (a mapping of pools, each naming options of other groups)
-    "cluster": Group({"replicas": whole(ge=1, le=1024, unit="replicas"), "pools": Key("any", null=True)}),
+    # handoff: checked by kvstudy/cluster/handoff.py (read_handoff)
+    "cluster": Group({"replicas": whole(ge=1, le=1024, unit="replicas"), "pools": Key("any", null=True),
+                      "handoff": Key("any", null=True)}),
     "router": Group({"name": NAME}, by="_target_", options={
         "kvstudy.cluster.routers.RoundRobin": {}, "kvstudy.cluster.routers.Random": {},
         "kvstudy.cluster.routers.LeastOutstanding": {}, "kvstudy.cluster.routers.LeastKV": {},

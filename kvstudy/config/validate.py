@@ -32,7 +32,7 @@ from kvstudy.config.schema import SCHEMA, key_spec, show
 from kvstudy.config.user_files import _parameters, check_user_files, choice_values, search_dirs  # noqa: F401
 
 #: groups chosen with + (not in the root defaults list)
-APPENDED = ("policy", "demand", "algo", "experiment")
+APPENDED = ("policy", "demand", "algo", "experiment", "deployment")
 _SKIP_GROUPS = ("hydra", "experiment", "algo", "regime")
 
 

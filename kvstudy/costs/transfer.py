@@ -52,10 +52,11 @@ def layerwise(compute: float, transfer: float, layers: int) -> float:
     return max(compute, transfer) + min(compute, transfer) / layers
 
 
-def network_reader(send_recv_csv) -> Callable[[float], float]:
+def network_reader(send_recv_csv, within_node: bool = False, who: str = "memory.offload.shared=true") -> Callable[[float], float]:
     """``bytes -> seconds`` of one transfer between two nodes, from a Vidur-schema ``send_recv.csv`` (its rows between
-    nodes, devices_per_node 1: the link a shared pool's remote reads cross), interpolated in log size; beyond the
-    largest size profiled, at the bandwidth of the largest transfer."""
+    nodes, devices_per_node 1: the link a shared pool's remote reads cross; ``within_node``: its rows between two GPUs
+    of one node, devices_per_node 2, NVLink on a DGX), interpolated in log size; beyond the largest size profiled, at
+    the bandwidth of the largest transfer."""
     import numpy as np
     import pandas as pd
 
@@ -63,12 +64,14 @@ def network_reader(send_recv_csv) -> Callable[[float], float]:
 
     if not Path(send_recv_csv).is_file():  # hardware.node naming no profile: said in one line (a shared pool reads it)
         there = sorted(p.parent.name for p in Path(send_recv_csv).parent.parent.glob("*/send_recv.csv"))
-        raise ConfigError(f"memory.offload.shared=true reads the link between nodes from {send_recv_csv}: no such file "
+        raise ConfigError(f"{who} reads the link {'inside a node' if within_node else 'between nodes'} from "
+                          f"{send_recv_csv}: no such file "
                           f"(hardware.node names no network profile there); allowed: a node with one there "
                           f"({', '.join(there) or 'none'}), or hardware.profiles.network_dir=<folder with "
                           f"send_recv.csv>")
     df = pd.read_csv(send_recv_csv)
-    rows = df[df["devices_per_node"] == 1] if (df["devices_per_node"] == 1).any() else df
+    per_node = 2 if within_node else 1
+    rows = df[df["devices_per_node"] == per_node] if (df["devices_per_node"] == per_node).any() else df
     rows = rows.groupby("size", as_index=False)["time_stats.send_recv.median"].median().sort_values("size")
     size, ms = rows["size"].to_numpy(float), rows["time_stats.send_recv.median"].to_numpy(float)
     log_size = np.log(size)

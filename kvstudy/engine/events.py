@@ -20,7 +20,10 @@ or the number of rows if the run ends first),
 * ``evict``: dropped in a clearing event (an admission-only policy over-committed memory; MC-SF paper Sec. 4's
   clearing), ``mode`` ``recompute``; the ``clear`` event of the same iteration gives ``tokens`` = victims;
 * ``swap_in``: its blocks came back from host memory;
-* ``finish``: its last token; ``reject``: it can never be served (requests.parquet's ``reject_reason`` says why).
+* ``finish``: its last token; ``reject``: it can never be served (requests.parquet's ``reject_reason`` says why);
+* ``handed_in`` (prefill/decode disaggregation, kvstudy/cluster/disaggregated.py): the request joins a decode
+  replica's queue with its first token made on a prefill replica; ``tokens``: its prompt, whose KV it pulls when
+  admitted (the prefill replica's ``finish`` of it is its prefill's end, dropped from the cluster's table).
 
 So ``preempt`` + ``evict`` events of a request equal its ``preemptions``; ``finish`` events equal the completed
 requests; the first ``first_token`` equals ``first_token_time``.
@@ -35,7 +38,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-KINDS = ("admit", "first_token", "preempt", "evict", "clear", "swap_in", "finish", "reject")
+KINDS = ("admit", "first_token", "preempt", "evict", "clear", "swap_in", "finish", "reject", "handed_in")
 _KIND = {k: n for n, k in enumerate(KINDS)}
 MODES = ("", "recompute", "swap", "recompute_fallback")
 _MODE = {m: n for n, m in enumerate(MODES)}

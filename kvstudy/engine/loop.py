@@ -53,6 +53,7 @@ further than it ever got counts as progress), or clearing events in a row withou
 from __future__ import annotations
 
 import math
+from heapq import heappop
 from time import perf_counter
 
 import numpy as np
@@ -109,6 +110,9 @@ class StepEngine:
         self.overlap = bool(swap.overlap)  # copies overlap compute: an iteration takes the longer of the two
         self.policy_seconds = 0.0  # wall time inside the policy (CacheOPT's Sec. 5.3 scheduling overhead)
         self.block_bytes_all = 0
+        #: a decode replica's handoff (kvstudy/cluster/handoff.py ``Handoff``): the KV pulls of handed-off requests,
+        #: set by the disaggregated driver; None otherwise
+        self.handoff = None
 
     @staticmethod
     def _timer(latency, needs_generated: bool):
@@ -161,6 +165,9 @@ class StepEngine:
             self.policy.forget()  # a second run of this engine starts from nothing, as the first
         self.events = ev = EventLog() if self.record_events else None
         self.act = Transitions(st, mem, ev, self.paper, self.adapted, self.block_bytes_all)  # transitions.py
+        if self.handoff is not None:  # a decode replica of a disaggregated cluster (kvstudy/cluster/handoff.py)
+            self.handoff.begin(st)
+            self.act.pull = self.handoff.pull
         s, out, watermark = st.prompt, r.output_tokens.tolist(), not self.adapted
         for i in range(st.n):
             why = mem.rejection(s[i], out[i], watermark=watermark)
@@ -194,6 +201,8 @@ class StepEngine:
             while True:
                 if cluster and t >= horizon:  # the driver routes the requests arriving by t before this one decides
                     horizon = yield t
+                    if st.inbox and st.inbox[0][0] < next_time:  # the driver posted an event (disaggregation)
+                        next_time = st.inbox[0][0]
                 if t >= next_time:  # 1. arrivals
                     next_time = self._arrive(t)
                 self.idled = False  # authors_code: consumed by the pass after the idle second
@@ -201,7 +210,9 @@ class StepEngine:
                     woke = (yield IDLE) if cluster else self._wake()
                     if woke is None:
                         break
-                    t, horizon = self._round_up(woke), -math.inf  # woken: others arriving then are routed first
+                    # woken: others arriving then are routed first (never earlier than the clock: an event a
+                    # disaggregated cluster's driver posted, kvstudy/cluster/disaggregated.py, may be due before it)
+                    t, horizon = max(t, self._round_up(woke)), -math.inf
                     next_time = self._next_arrival_time()
                     continue
                 if step >= self.max_iterations:
@@ -302,11 +313,38 @@ class StepEngine:
                 waiting.append(nxt)
             nxt += 1
         st.next_arrival = nxt
+        if st.inbox:
+            return min(a[nxt] if nxt < n else math.inf, self._deliver(t))
         return a[nxt] if nxt < n else math.inf
 
     def _next_arrival_time(self) -> float:
         st = self.state
-        return st.arrival[st.next_arrival] if st.next_arrival < st.n else math.inf
+        nxt = st.arrival[st.next_arrival] if st.next_arrival < st.n else math.inf
+        return min(nxt, st.inbox[0][0]) if st.inbox else nxt
+
+    def _deliver(self, t: float) -> float:
+        """The driver's events due by ``t`` (kvstudy/cluster/disaggregated.py, in time order): a handed-off request
+        joins the waiting queue with its first token made and its prompt's KV to be pulled (``arrive``), or a prefill
+        replica's finished request frees the blocks it kept for the transfer (``release``). Returns the next one's
+        time (inf: none)."""
+        st, inbox = self.state, self.state.inbox
+        while inbox and inbox[0][0] <= t:
+            _, _, kind, i, payload = heappop(inbox)
+            if kind == "release":
+                self.act.free(i, computed=st.prompt[i] + st.output[i] - 1)
+                continue
+            first_token, first_scheduled = payload
+            st.request_state[i] = WAITING
+            st.waiting.append(i)
+            st.joined.append(i)
+            st.clock.tokens[i] = 1  # the prefill replica made token 1; this one computes its KV and makes token 2
+            st.first_token[i] = st.last_token[i] = first_token
+            st.first_scheduled[i] = first_scheduled
+            st.prefill_target[i] = st.prompt[i] + 1
+            st.prefilled[i] = st.supplied[i] = st.prompt[i]  # a policy plans the one token left to compute
+            if self.events is not None:
+                self.events.add(first_token, i, "handed_in", tokens=st.prompt[i])
+        return inbox[0][0] if inbox else math.inf
 
     def _wake(self):
         """Alone on its clock and idle: the next arrival, which the engine jumps to (None: nothing left to arrive;
@@ -403,6 +441,8 @@ class StepEngine:
         try:
             d = self.policy.step(view)
             seconds = perf_counter() - t0
+            if st.joined:  # the policy has seen them
+                st.joined.clear()
             decode_only = d.__class__ is Decision and d.decode_all and not (
                 d.preempt or d.swap_in or d.prefill or d.decode or d.reserve or d.lend)
             if check and not (decode_only and (not mem.tracks_blocks or mem.used + len(growing) <= mem.num_blocks)):
@@ -587,6 +627,8 @@ class StepEngine:
             gen_sum = sum(st.clock.tokens[i] for i in d.decode) if d.decode and self.needs_generated else 0
         # the connector's loads its prefills started: waited for, or layer by layer
         compute = self.connector.iteration_seconds(self.seconds(batch.chunks, n_dec, ctx_now, gen_sum))
+        if self.handoff is not None:  # handed-off prompts' KV pulled by this iteration's prefills (disaggregation)
+            compute = self.handoff.iteration_seconds(compute)
         swap_s = batch.swap_seconds
         return max(compute, swap_s) if self.overlap else compute + swap_s
 

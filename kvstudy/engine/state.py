@@ -116,6 +116,19 @@ class RunState:
         #: in a cluster, (end, outstanding, KV in use) of the iteration in flight when it finishes requests: what a
         #: router sees before that end (kvstudy/cluster/driver.py ReplicaView)
         self.inflight = None
+        # --- prefill/decode disaggregation (kvstudy/cluster/disaggregated.py); empty otherwise ---
+        #: events the driver posts for a time on this replica's clock, a heap of (time, seq, kind, request, payload):
+        #: ``arrive`` (a handed-off request joins the waiting queue), ``release`` (a held request's blocks are freed)
+        self.inbox: list = []
+        #: request -> prompt tokens whose KV another replica hands over when its prefill starts here
+        self.supplied: dict = {}
+        #: requests whose finish keeps their blocks (a prefill replica's, until the transfer ends), or None
+        self.hold = None
+        #: (stamp, request) of requests that finished holding their blocks, for the driver to hand off
+        self.handed: list = []
+        #: requests that joined the waiting queue since the policy's last step other than by arriving (handed off
+        #: to this replica): the policy's view shows them (``StepView.joined``)
+        self.joined: list = []
 
     def outstanding(self) -> int:
         """Requests waiting, running or swapped out."""

@@ -26,6 +26,8 @@ class Transitions:
                  block_bytes: int = 0) -> None:
         self.state, self.memory, self.events = state, memory, events
         self.paper, self.adapted, self.block_bytes = paper, adapted, block_bytes
+        #: ``pull(request, time, tokens)``: a handed-off request's KV starts moving here (kvstudy/cluster/handoff.py)
+        self.pull = None
 
     def preempt(self, i: int, mode: str, t: float, listed: bool = True, kind: str = "preempt"):
         """Stop running request i: its KV goes to host space (swap) or is dropped (recompute). ``listed``: remove it
@@ -132,8 +134,15 @@ class Transitions:
         st.running.append(i)
         st.prefilling.add(i)
         st.prefill_target[i] = target = st.prompt[i] + st.clock.tokens[i]
-        hit = st.prefilled[i] = self.memory.start(i, target)  # tokens it skips (its cached prefix; 0 without a cache)
-        st.prefill_kv_tokens += hit
+        hit = self.memory.start(i, target)  # tokens it skips (its cached prefix; 0 without a cache)
+        skip = hit
+        if st.supplied:  # a handed-off request (disaggregation): the rest of its prompt's KV moves from the prefill
+            handed = st.supplied.pop(i, 0)  # replica now, into the blocks just allocated (what is cached stays)
+            if handed > hit:
+                self.pull(i, t, handed - hit)
+                skip = handed
+        st.prefilled[i] = skip
+        st.prefill_kv_tokens += skip
         if st.first_scheduled[i] != st.first_scheduled[i]:
             st.prefix_cached_first[i] = hit
             st.first_scheduled[i] = t
@@ -175,7 +184,10 @@ class Transitions:
             if not many:
                 running.remove(i)
             if tracks:  # the paper's memory holds nothing per request
-                self.free(i, computed=s[i] + o[i] - 1)
+                if st.hold is not None and i in st.hold:  # a prefill replica's: kept until its KV has moved
+                    st.handed.append((stamp, i))
+                else:
+                    self.free(i, computed=s[i] + o[i] - 1)
             reserved.discard(i)
         if many:
             gone = set(finished)

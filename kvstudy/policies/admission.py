@@ -268,10 +268,15 @@ class Admission(StepPolicy):
 
     def _sync(self, sv) -> None:
         """Bring the adapter's queue orders up to date: new arrivals, returned overflow victims."""
-        if sv.num_arrived == self._arrived and not self._returned:
+        if sv.num_arrived == self._arrived and not self._returned and not sv.joined:
             return
         state, gen = sv.state, sv.waiting_generated
         by_pred = self._by_pred
+        for i in sv.joined:  # handed off to this replica (disaggregation): in the orders by their arrival (those
+            if i < self._arrived:  # arriving in this sync's range are taken in below, with the arrivals)
+                bisect.insort(self._waiting, i)
+                if by_pred is not None:
+                    bisect.insort(by_pred, self._key(i, gen))
         if sv.num_arrived > self._arrived:
             for i in range(self._arrived, sv.num_arrived):
                 if state[i] == WAITING:

@@ -73,6 +73,10 @@ class StepView:
         self.state = st.request_state
         #: requests that have arrived so far: engine indices 0 .. num_arrived - 1 (indices are in arrival order)
         self.num_arrived = 0
+        #: requests that joined the waiting queue since the last step other than by arriving (a decode replica's
+        #: handed-off requests, kvstudy/cluster/disaggregated.py): a policy keeping its own queue takes them in as it
+        #: takes arrivals; the engine empties the list after each step
+        self.joined = st.joined
         #: running requests whose prefill is unfinished (Sarathi continues them in chunks)
         self.prefilling = st.prefilling
         #: running requests that need one more block to decode now (their context crosses a block boundary)

@@ -35,6 +35,7 @@ from kvstudy.running.no_effect import no_effect
 from kvstudy.running.outputs import summarize
 from kvstudy.running.pool_setup import Setup, cluster_pools, replica_setups
 from kvstudy.running.run_context import RunContext, engine_inputs
+from kvstudy.running.split_run import run_split, uses_split
 from kvstudy.running.targets import instantiate, takes_rng
 from kvstudy.workloads.arrivals import arrivals, check_span
 from kvstudy.workloads.requests import Requests, make_requests
@@ -405,6 +406,8 @@ def _run_cluster(cfg: DictConfig, setups: list, policy, first: StepEngine, pools
     if first.arrivals == "authors_code":
         raise ConfigError("engine.arrivals=authors_code (regime=authors) is the MC-SF authors' single-worker event "
                           "order; with cluster.replicas > 1 use regime=none")
+    if uses_split(cfg, pools):  # a prefill pool and a decode pool (kvstudy/running/split_run.py)
+        return run_split(cfg, setups, pools, build_policy, _prepared_engine, build_router, _located)
     router = build_router(cfg, pools[0].router if pools else None)
     policies, engines = [policy], [first]
     for k in range(1, len(setups)):

@@ -67,7 +67,8 @@ def _result_config(plain: dict) -> dict:
 #: keys added to conf/ after runs began recording their config, each with the value that means what a config
 #: without it meant (a finished run's folder from before the key is the same config when this one has that value)
 ADDED_KEYS = {"memory.prefix_caching": False, "policy.waiting_order": "fcfs", "workload.hash_block_size": 512,
-              "policy.prefix_aware": False, "cluster": {"replicas": 1, "pools": None}, "cluster.pools": None,
+              "policy.prefix_aware": False, "cluster": {"replicas": 1, "pools": None, "handoff": None}, "cluster.pools": None,
+              "cluster.handoff": None,
               "engine.accept_rejections": False,
               "memory.gpu_memory_utilization": 0.9, "memory.non_torch_gib": None,
               "router": {"_target_": "kvstudy.cluster.routers.RoundRobin", "name": "round_robin"}}

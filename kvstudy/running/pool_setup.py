@@ -39,7 +39,20 @@ def cluster_pools(cfg: DictConfig) -> Optional[List[Pool]]:
     cluster = OmegaConf.to_container(cfg.cluster, resolve=True) if "cluster" in cfg else {}
     pools = read_pools(cluster, options("hardware"), options("policy"), options("router"))
     if pools is not None:
-        runnable(pools)
+        split = runnable(pools, cluster.get("handoff"))
+        if split:
+            from kvstudy.cluster.handoff import read_handoff
+
+            read_handoff(cluster.get("handoff"))  # checked before any work
+            if OmegaConf.select(cfg, "memory.name") == "paper":
+                raise ConfigError("cluster.pools with a prefill and a decode pool: memory=paper's convention (the "
+                                  "MC-SF paper's rounds: no first token from the prefill) has no handoff; allowed: "
+                                  "memory=paged (or paged_prefix), where every policy runs on the decode pool")
+            order = sorted(range(len(pools)), key=lambda k: pools[k].role != "prefill")
+            pools = [pools[k] for k in order]  # the prefill pool first: its replicas are 0 .. P-1
+    elif (cluster or {}).get("handoff") is not None:
+        raise ConfigError("cluster.handoff is read by a prefill pool and a decode pool (cluster.pools); allowed: "
+                          "cluster.handoff=null without pools")
     return pools
 
 

@@ -28,7 +28,7 @@ from kvstudy.config.schema import SCHEMA, Key, key_spec
 from kvstudy.config.validate import _leaves, check_config, check_overrides
 from tests.compositions import compose_each
 
-APPENDED = {"policy", "demand", "algo"}
+APPENDED = {"policy", "demand", "algo", "deployment"}
 GROUP_DIRS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name not in ("hydra", "experiment"))
 INF, NAN = float("inf"), float("nan")
 

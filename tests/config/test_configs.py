@@ -6,7 +6,7 @@ from kvstudy.costs.arch import ModelArch
 from kvstudy.running.paths import CONF_DIR
 
 GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name != "hydra")  # launchers: test_sweeps
-APPENDED = {"policy", "demand", "algo", "experiment"}  # not in the defaults list: chosen with +group=option
+APPENDED = {"policy", "demand", "algo", "experiment", "deployment"}  # not in the defaults list: chosen with +group=option
 
 
 def test_groups_present():

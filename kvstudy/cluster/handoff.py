@@ -66,9 +66,11 @@ class HandoffSettings:
 def read_handoff(node: Optional[Mapping]) -> HandoffSettings:
     """``cluster.handoff`` (a plain mapping or None: every default) checked; a bad value is one line naming the key,
     the value and what is allowed."""
-    node = {} if node is None else node
-    if not isinstance(node, Mapping):
-        raise ConfigError(f"cluster.handoff={node!r}: allowed: a mapping with keys {', '.join(FIELDS)}")
+    if node is None:
+        return HandoffSettings()
+    if not isinstance(node, Mapping) or not len(node):
+        raise ConfigError(f"cluster.handoff={node!r}: allowed: a mapping with some of the keys {', '.join(FIELDS)}, "
+                          f"or null (every default)")
     unknown = [k for k in node if k not in FIELDS]
     if unknown:
         raise ConfigError(f"cluster.handoff.{unknown[0]}: not a handoff setting; allowed: {', '.join(FIELDS)}")

@@ -27,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from kvstudy.errors import ConfigError
 from kvstudy.running.paths import CONF_DIR
+from kvstudy.cluster.handoff import read_handoff
 from kvstudy.cluster.pools import read_pools
 from kvstudy.config.schema import SCHEMA, key_spec, show
 from kvstudy.config.user_files import _parameters, check_user_files, choice_values, search_dirs  # noqa: F401
@@ -263,6 +264,7 @@ def _check_hardware(plain: dict) -> None:
                           f"profiles of one's own (hardware.profiles.root)")
     cluster = plain.get("cluster") or {}
     pools = read_pools(cluster)  # cluster.pools' shape (the options they name: at the run's assembly)
+    read_handoff(cluster.get("handoff"))  # cluster.handoff's values (whether pools read it: at the run's assembly)
     replicas = sum(p.replicas for p in pools) if pools else cluster.get("replicas", 1)
     if isinstance(replicas, int) and replicas > 1:
         load = (plain.get("demand") or {}).get("load") if isinstance(plain.get("demand"), dict) else None

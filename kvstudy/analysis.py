@@ -177,26 +177,31 @@ def slo_attainment(reqs: pd.DataFrame, ttft_slo: float = TTFT_SLO, tpot_slo: flo
 def disaggregation_table(folder, ttft_slo: float = TTFT_SLO, tpot_slo: float = TPOT_SLO,
                          target: float = 0.9) -> pd.DataFrame:
     """The disaggregation study's table (``+experiment=disaggregation``): per policy, deployment and rate, the SLO
-    attainment, TTFT p90 / p99, TBT p99 (pooled), the transfer's share of the time from the first token to the second
-    (the median over handed-off requests of transfer seconds / that gap), the decode pool's wait for blocks; and per
+    attainment, TTFT p90 / p99, TBT p99 (pooled), the handoff's gap (from the first token until the KV is on the
+    decode replica: the wait for its blocks and the link, and the transfer; median over handed-off requests) and the
+    transfer's share of it (median of transfer seconds / gap); and per
     policy and deployment its goodput: the highest swept rate whose attainment is at least ``target`` (DistServe's
     definition; NaN: no rate reaches it), per GPU over the deployment's GPUs."""
     df = load_sweep(folder)
     rows = []
     for _, run in df.iterrows():
         reqs = requests(run)
-        handed = reqs[reqs["handoff_time"].notna()] if "handoff_time" in reqs else reqs.iloc[:0]
-        gap = (handed["decode_admitted"] - handed["handoff_time"] + handed["transfer_seconds"]) if len(handed) else None
-        share = float((handed["transfer_seconds"] / (handed["transfer_end"] - handed["handoff_time"]
-                                                      + 1e-12)).median()) if len(handed) else 0.0
+        if "handoff_time" in reqs:  # a disaggregated run's
+            handed = reqs[reqs["handoff_time"].notna()]
+            # the handoff's gap: from the first token until the KV is on the decode replica (the wait for its
+            # blocks, for the link, and the transfer); a free transfer admitted at once has none
+            gap = handed["transfer_end"] - handed["handoff_time"]
+            share = (handed["transfer_seconds"] / gap.where(gap > 0)).fillna(0.0)
+        else:
+            handed = gap = share = pd.Series(dtype=float)
         deployment = _layout(run)
         rows.append({"policy": run["algorithm"], "deployment": deployment, "rate": float(run["demand.rate"]),
                      "gpus": _gpus(run), "attainment": slo_attainment(reqs, ttft_slo, tpot_slo),
                      "ttft_p90": run.get("ttft.p90"), "ttft_p99": run.get("ttft.p99"),
                      "tbt_p99": run.get("tbt.p99"), "e2e_median": run.get("e2e_latency.median"),
                      "transfer_s_median": float(handed["transfer_seconds"].median()) if len(handed) else 0.0,
-                     "transfer_share_of_handoff": share,
-                     "decode_wait_s_median": float(gap.median()) if gap is not None else 0.0,
+                     "transfer_share_of_handoff": float(share.median()) if len(handed) else 0.0,
+                     "handoff_gap_s_median": float(gap.median()) if len(handed) else 0.0,
                      "status": run.get("status")})
     table = pd.DataFrame(rows).sort_values(["policy", "deployment", "rate"]).reset_index(drop=True)
     good = table[table["attainment"] >= target].groupby(["policy", "deployment"])["rate"].max()

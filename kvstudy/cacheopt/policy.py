@@ -380,8 +380,7 @@ class CacheOPT(StepPolicy):
                 q.push(self._deadline(view, i), i)
         arrival, slo_tft = view.arrival, self.slo_tft
         for i in view.joined:  # handed off to this replica (disaggregation): by their own deadline, as arrivals
-            if i < self._seen:  # (those arriving in this step's range join with the arrivals below)
-                q.push(arrival[i] + slo_tft[i], i)
+            q.push(arrival[i] + slo_tft[i], i)
         for i in range(self._seen, view.num_arrived):
             if state[i] == WAITING:
                 q.push(arrival[i] + slo_tft[i], i)

@@ -102,10 +102,9 @@ def drive_split(prefill: Sequence, decode: Sequence, routers, arrival: Sequence[
             return
         started = engines[r].handoff.started
         if started:
-            todo = list(started)
-            started.clear()
-            for i, src, end in todo:
+            for i, src, end in started:
                 post(src, end, "release", i)
+            started.clear()
 
     for r in range(size):
         resume(r)  # each pauses first at its clock 0
@@ -241,7 +240,7 @@ def handoff_columns(requests: pd.DataFrame, order: np.ndarray, split: Split, eng
     return out
 
 
-def split_summary(requests: pd.DataFrame, iterations: pd.DataFrame, n_p: int, settings: HandoffSettings,
+def split_summary(requests: pd.DataFrame, iterations: pd.DataFrame, settings: HandoffSettings,
                   pools: Sequence[str]) -> dict:
     """summary.json's ``disaggregation``: the settings, how many requests were handed off or ran whole on a decode
     replica, the transfer's seconds and its share of the time from the first token to the second (the gap the

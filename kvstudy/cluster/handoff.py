@@ -127,7 +127,7 @@ class Handoff:
         self.started: List[Tuple[int, int, float]] = []  # (request, source, end) since the driver last read them
         self._t, self._end = 0.0, None
 
-    def begin(self, state) -> None:
+    def begin(self) -> None:
         """A run starts on this replica (kvstudy/engine/loop.py ``_begin``)."""
         self.records.clear()
         self.started.clear()

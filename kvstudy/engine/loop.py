@@ -166,7 +166,7 @@ class StepEngine:
         self.events = ev = EventLog() if self.record_events else None
         self.act = Transitions(st, mem, ev, self.paper, self.adapted, self.block_bytes_all)  # transitions.py
         if self.handoff is not None:  # a decode replica of a disaggregated cluster (kvstudy/cluster/handoff.py)
-            self.handoff.begin(st)
+            self.handoff.begin()
             self.act.pull = self.handoff.pull
         s, out, watermark = st.prompt, r.output_tokens.tolist(), not self.adapted
         for i in range(st.n):
@@ -336,7 +336,8 @@ class StepEngine:
             first_token, first_scheduled = payload
             st.request_state[i] = WAITING
             st.waiting.append(i)
-            st.joined.append(i)
+            if i < st.policy_arrived:  # else the policy meets it among its next step's arrivals (StepView.joined)
+                st.joined.append(i)
             st.clock.tokens[i] = 1  # the prefill replica made token 1; this one computes its KV and makes token 2
             st.first_token[i] = st.last_token[i] = first_token
             st.first_scheduled[i] = first_scheduled
@@ -383,6 +384,9 @@ class StepEngine:
         try:
             victims = overflow(view)
             self.policy_seconds += perf_counter() - t0
+            st.policy_arrived = view.num_arrived  # the hook took in the arrivals and joined requests, as a step does
+            if st.joined:
+                st.joined.clear()
             seen = set()
             for i in victims:
                 if not isinstance(i, (int, np.integer)) or not 0 <= i < len(state) or state[i] != RUNNING or i in seen:
@@ -441,6 +445,7 @@ class StepEngine:
         try:
             d = self.policy.step(view)
             seconds = perf_counter() - t0
+            st.policy_arrived = view.num_arrived
             if st.joined:  # the policy has seen them
                 st.joined.clear()
             decode_only = d.__class__ is Decision and d.decode_all and not (

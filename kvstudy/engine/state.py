@@ -127,8 +127,11 @@ class RunState:
         #: (stamp, request) of requests that finished holding their blocks, for the driver to hand off
         self.handed: list = []
         #: requests that joined the waiting queue since the policy's last step other than by arriving (handed off
-        #: to this replica): the policy's view shows them (``StepView.joined``)
+        #: to this replica) and below ``policy_arrived``: the policy's view shows them (``StepView.joined``)
         self.joined: list = []
+        #: ``num_arrived`` at the policy's last step: the arrivals it takes in next start there (a handed-off request
+        #: at or past it is among them, so it is not listed in ``joined`` as well)
+        self.policy_arrived = 0
 
     def outstanding(self) -> int:
         """Requests waiting, running or swapped out."""

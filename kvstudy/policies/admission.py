@@ -272,11 +272,10 @@ class Admission(StepPolicy):
             return
         state, gen = sv.state, sv.waiting_generated
         by_pred = self._by_pred
-        for i in sv.joined:  # handed off to this replica (disaggregation): in the orders by their arrival (those
-            if i < self._arrived:  # arriving in this sync's range are taken in below, with the arrivals)
-                bisect.insort(self._waiting, i)
-                if by_pred is not None:
-                    bisect.insort(by_pred, self._key(i, gen))
+        for i in sv.joined:  # handed off to this replica (disaggregation): in the orders by their arrival
+            bisect.insort(self._waiting, i)
+            if by_pred is not None:
+                bisect.insort(by_pred, self._key(i, gen))
         if sv.num_arrived > self._arrived:
             for i in range(self._arrived, sv.num_arrived):
                 if state[i] == WAITING:

@@ -94,10 +94,9 @@ class QueuedVLLM(VLLM):
     def _sync(self, view: StepView) -> None:
         """Arrivals join the back of the queue; requests that left it (done, or rejected by the engine) go."""
         state = view.state
-        for i in view.joined:  # handed off to this replica (disaggregation): they join the back, as arrivals (those
-            if i < self.seen:  # arriving in this step's range join with the arrivals below)
-                self.order.append(i)
-                self.wait_since[i] = view.step
+        for i in view.joined:  # handed off to this replica (disaggregation): they join the back, as arrivals
+            self.order.append(i)
+            self.wait_since[i] = view.step
         for i in range(self.seen, view.num_arrived):
             if state[i] == WAITING:
                 self.order.append(i)

@@ -74,8 +74,10 @@ class StepView:
         #: requests that have arrived so far: engine indices 0 .. num_arrived - 1 (indices are in arrival order)
         self.num_arrived = 0
         #: requests that joined the waiting queue since the last step other than by arriving (a decode replica's
-        #: handed-off requests, kvstudy/cluster/disaggregated.py): a policy keeping its own queue takes them in as it
-        #: takes arrivals; the engine empties the list after each step
+        #: handed-off requests, kvstudy/cluster/disaggregated.py) and that the arrivals a policy takes in next
+        #: (indices from the last step's ``num_arrived`` on, those waiting) do not show: a policy keeping its own
+        #: queue takes these in as it takes arrivals; the engine empties the list after each step (and each call of an
+        #: ``overflow_victims`` hook, which takes them in too)
         self.joined = st.joined
         #: running requests whose prefill is unfinished (Sarathi continues them in chunks)
         self.prefilling = st.prefilling

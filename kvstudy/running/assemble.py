@@ -35,7 +35,7 @@ from kvstudy.running.no_effect import no_effect
 from kvstudy.running.outputs import summarize
 from kvstudy.running.pool_setup import Setup, cluster_pools, replica_setups
 from kvstudy.running.run_context import RunContext, engine_inputs
-from kvstudy.running.split_run import run_split, uses_split
+from kvstudy.running.split_run import run_split, split_engines, uses_split
 from kvstudy.running.targets import instantiate, takes_rng
 from kvstudy.workloads.arrivals import arrivals, check_span
 from kvstudy.workloads.requests import Requests, make_requests
@@ -301,9 +301,14 @@ def simulate(cfg: DictConfig) -> Tuple[EngineResult, dict]:
     top_cfg, top_ctx = setups[0].cfg, setups[0].ctx  # one replica's (a cluster's: replica 0's)
     arch, hw, latency, seed = top_ctx.arch, top_ctx.hardware, top_ctx.latency, ctx.seed
     after = getattr(policy, "after_run", None)
-    engine = _located(setups[0], lambda: _prepared_engine(top_cfg, top_ctx, policy, seed))
-    sim_started = time.perf_counter()
-    result = engine.run() if len(setups) == 1 else _run_cluster(cfg, setups, policy, engine, pools)
+    if uses_split(pools):  # a prefill pool and a decode pool: every engine built for its pool (split_run.py)
+        policies, engines = split_engines(cfg, setups, pools, build_policy, _prepared_engine, _located)
+        sim_started = time.perf_counter()
+        result = run_split(cfg, setups, pools, policies, engines, build_router)
+    else:
+        engine = _located(setups[0], lambda: _prepared_engine(top_cfg, top_ctx, policy, seed))
+        sim_started = time.perf_counter()
+        result = engine.run() if len(setups) == 1 else _run_cluster(cfg, setups, policy, engine, pools)
     name = OmegaConf.select(top_cfg, "policy.name", default=None) or getattr(policy, "name", type(policy).__name__)
     described = latency.describe()
     if pools is None:
@@ -406,8 +411,6 @@ def _run_cluster(cfg: DictConfig, setups: list, policy, first: StepEngine, pools
     if first.arrivals == "authors_code":
         raise ConfigError("engine.arrivals=authors_code (regime=authors) is the MC-SF authors' single-worker event "
                           "order; with cluster.replicas > 1 use regime=none")
-    if uses_split(cfg, pools):  # a prefill pool and a decode pool (kvstudy/running/split_run.py)
-        return run_split(cfg, setups, pools, build_policy, _prepared_engine, build_router, _located)
     router = build_router(cfg, pools[0].router if pools else None)
     policies, engines = [policy], [first]
     for k in range(1, len(setups)):

@@ -40,10 +40,7 @@ def cluster_pools(cfg: DictConfig) -> Optional[List[Pool]]:
     pools = read_pools(cluster, options("hardware"), options("policy"), options("router"))
     if pools is not None:
         split = runnable(pools, cluster.get("handoff"))
-        if split:
-            from kvstudy.cluster.handoff import read_handoff
-
-            read_handoff(cluster.get("handoff"))  # checked before any work
+        if split:  # (cluster.handoff's values are checked with the config: kvstudy/config/validate.py)
             if OmegaConf.select(cfg, "memory.name") == "paper":
                 raise ConfigError("cluster.pools with a prefill and a decode pool: memory=paper's convention (the "
                                   "MC-SF paper's rounds: no first token from the prefill) has no handoff; allowed: "

@@ -9,7 +9,7 @@ handed-off one joins it with its first token made)."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, List
+from typing import Callable, List, Tuple
 
 import numpy as np
 from omegaconf import DictConfig
@@ -31,11 +31,11 @@ def prefill_parts(ctx):
                                predicted=np.ones(len(r), dtype=np.int64))
 
 
-def run_split(cfg: DictConfig, setups: list, pools: list, build_policy: Callable, prepared_engine: Callable,
-              build_router: Callable, located: Callable) -> EngineResult:
-    """Build, drive and merge a prefill pool and a decode pool (``pools`` prefill first, ``setups`` in their order).
-    ``build_policy(cfg)``, ``prepared_engine(cfg, ctx, policy, seed)``, ``build_router(cfg, option)`` and
-    ``located(setup, build)`` are kvstudy/running/assemble.py's."""
+def split_engines(cfg: DictConfig, setups: list, pools: list, build_policy: Callable, prepared_engine: Callable,
+                  located: Callable) -> Tuple[list, list]:
+    """Every replica's policy and engine, the prefill pool's first (``pools`` prefill first, ``setups`` in their
+    order), each decode engine with its ``Handoff`` over the prefill replicas' links. ``build_policy(cfg)``,
+    ``prepared_engine(cfg, ctx, policy, seed)`` and ``located(setup, build)`` are kvstudy/running/assemble.py's."""
     settings = read_handoff(plain(cfg.cluster).get("handoff"))
     n_p = pools[0].replicas
     ctx = setups[0].ctx
@@ -59,7 +59,16 @@ def run_split(cfg: DictConfig, setups: list, pools: list, build_policy: Callable
         engine.handoff = Handoff(links, shard.__getitem__, seconds,
                                  settings.load, arch.num_layers // max(1, setup.ctx.hardware.pipeline_parallel),
                                  lambda tokens: arch.kv_bytes_per_token(1) * tokens)
-    r = ctx.requests
+    return policies, engines
+
+
+def run_split(cfg: DictConfig, setups: list, pools: list, policies: list, engines: list,
+              build_router: Callable) -> EngineResult:
+    """Drive the engines ``split_engines`` built and merge their records into the run's (module docstring).
+    ``build_router(cfg, option)`` is kvstudy/running/assemble.py's."""
+    settings = read_handoff(plain(cfg.cluster).get("handoff"))
+    n_p = pools[0].replicas
+    r = setups[0].ctx.requests
     routers = (build_router(cfg, pools[0].router), build_router(cfg, pools[1].router))
     results, split = drive_split(engines[:n_p], engines[n_p:], routers, r.arrival_time.tolist(),
                                  r.output_tokens.tolist(), r.prompt_tokens.tolist(), settings)
@@ -80,7 +89,7 @@ def run_split(cfg: DictConfig, setups: list, pools: list, build_policy: Callable
     for part in merged.extra["cluster"]["per_replica"][:n_p]:
         part["prefills"] = int((split.prefill == part["replica"]).sum())
     pool_members: List = [(pools[0].name, list(range(n_p))), (pools[1].name, list(range(n_p, len(setups))))]
-    merged.extra["disaggregation"] = split_summary(merged.requests, merged.iterations, n_p, settings, pool_members)
+    merged.extra["disaggregation"] = split_summary(merged.requests, merged.iterations, settings, pool_members)
     # blocks requests still hold on any replica once the run is over (0: every hold released, every pull done)
     merged.extra["disaggregation"]["blocks_held_at_end"] = int(sum(sum(e.memory.gpu.values()) for e in engines))
     if merged.events is not None:
@@ -88,7 +97,7 @@ def run_split(cfg: DictConfig, setups: list, pools: list, build_policy: Callable
     return merged
 
 
-def uses_split(cfg: DictConfig, pools) -> bool:
+def uses_split(pools) -> bool:
     """Whether ``pools`` (read by kvstudy/running/pool_setup.py, prefill first) are a prefill and a decode pool."""
     return bool(pools) and pools[0].role == "prefill"
 

@@ -178,7 +178,8 @@ def _cluster() -> Tuple[Step, ...]:
     return (_sweep("cluster_lmsys", item="LMSYS-like, MC-SF setting: policy x router x 4/8 replicas", seconds=70),
             _sweep("cluster_mooncake", item="Mooncake with prefix caching: policy x router x 4/8 replicas",
                    seconds=1000),
-            # issue 57's study (docs/disaggregation.md): 48 runs in 50 s with one worker, 2026-11-29
+            # issue 57's study (docs/disaggregation.md; notebook 06's last section): 48 runs in 50 s, one worker,
+            # 2026-11-29
             _sweep("disaggregation", item="prefill/decode pools vs co-located: policy x deployment x rate",
                    seconds=60))
 

@@ -8,12 +8,25 @@ the engine's ``_deliver`` at its clock), where the decode policy admits it as an
 whose prompt's KV is supplied; that admission pulls the KV (kvstudy/cluster/handoff.py), and the prefill replica's
 blocks are freed when the transfer ends (another posted event).
 
-How the clock is shared: as kvstudy/cluster/driver.py's lockstep (the replicas share state between arrivals: the
-handoffs, the releases and the links): the driver does the earliest thing next, an arrival or a handoff (a prefill's
-end) when it comes no later than every replica's next decision (a handoff first on a tie), else the replica whose
-clock is earliest runs until it passes the next one's. So a handoff is routed with the decode pool as it stands at
-the prefill's end, a pull happens before the prefill replica decides anything after it, and a release reaches the
-prefill replica before its first decision at or after the transfer's end.
+How the clock is shared: everything happens in one order, by time (a driver's event, an arrival or a handoff or a
+sleeping replica's alarm, before a decision at its instant; decisions at one instant by replica index, prefill
+replicas first): so a handoff is routed with the decode pool as it stands at the prefill's end, a pull happens
+before the prefill replica decides anything after it, and a release reaches the prefill replica before its first
+decision after the transfer's end. The driver does the earliest thing next, an event when it comes no later than
+every replica's next decision, else the replica whose clock is earliest runs up to its *horizon*: the earliest time
+something another replica does next could reach it (conservative lookahead, as parallel discrete-event simulators
+bound each process by its senders' clocks). What reaches whom:
+
+* a decode replica hears from the prefill replicas (a handoff ends a prefill after that replica's next decision)
+  and, while it has handed-off requests to pull, from the decode replicas that pull from the same prefill replica
+  (one link, first come first served: their pulls must happen in time order);
+* a prefill replica hears from the decode replicas holding requests it handed off and not yet pulled (each pull
+  posts the release of its blocks), and pauses after every iteration that hands off (the handoff is routed before
+  it decides again).
+
+So a decode replica runs its decode-only iterations in one run between two prefill decisions (kvstudy/engine/loop.py
+``_decode_run``), where running every replica one iteration at a time gives the same result slower (the order above is
+the same; tests/cluster/test_disaggregation.py checks both drivers agree).
 
 Who goes where (``cluster.handoff``): the decider (``always``, ``never``, ``short_prompt``, ``prefix``) says at
 arrival whether a request is disaggregated or runs whole on a decode replica; the flow says when its decode replica
@@ -46,10 +59,12 @@ class Split:
 
 
 def drive_split(prefill: Sequence, decode: Sequence, routers, arrival: Sequence[float], output: Sequence[int],
-                prompt: Sequence[int], settings: HandoffSettings):
+                prompt: Sequence[int], settings: HandoffSettings, lockstep: bool = False):
     """Step the prefill replicas (``prefill``, engines over the prefill parts) and the decode replicas (``decode``,
     engines over the whole requests, each with its ``handoff``) on one clock. ``routers``: (the prefill pool's, the
-    decode pool's). Returns (each engine's result, prefill replicas first; the :class:`Split`)."""
+    decode pool's). ``lockstep``: run the earliest replica only up to the next one's clock, not to its horizon (the
+    same result, slower: the check of the horizons). Returns (each engine's result, prefill replicas first; the
+    :class:`Split`)."""
     engines = list(prefill) + list(decode)
     n_p, size, n = len(prefill), len(prefill) + len(decode), len(arrival)
     p_router, d_router = routers
@@ -60,7 +75,12 @@ def drive_split(prefill: Sequence, decode: Sequence, routers, arrival: Sequence[
     views = [ReplicaView(e, now) for e in engines]
     split = Split(n)
     heap: list = []  # (clock of its next decision, replica)
+    clock = [math.inf] * size  # each awake replica's next decision (inf: asleep or done)
     asleep: set = set()
+    # handed-off requests routed to a decode replica and not pulled yet: by prefill replica -> {decode replica: how
+    # many}, and by decode replica -> {prefill replica: how many} (who can reach whom, module docstring)
+    unpulled_to = [dict() for _ in range(size)]
+    unpulled_from = [dict() for _ in range(size)]
     hand: list = []  # handoffs due: (prefill's end, seq, request, prefill replica)
     alarms: list = []  # (time, replica): a sleeping replica with an event posted for then
     chosen = {}  # request -> its decode replica, picked at arrival (decode_first, the prefix decider)
@@ -70,17 +90,19 @@ def drive_split(prefill: Sequence, decode: Sequence, routers, arrival: Sequence[
         try:
             t = loops[r].send(value)
         except StopIteration as stop:
-            results[r] = stop.value
+            results[r], clock[r] = stop.value, math.inf
             if stop.value.status == "interrupted":
                 raise KeyboardInterrupt from None
             return
         if t == IDLE:
             asleep.add(r)
+            clock[r] = math.inf
             inbox = engines[r].state.inbox
             if inbox:  # idle until an event posted to it (a release of blocks): woken then, in time order
                 heappush(alarms, (inbox[0][0], r))
         else:
             heappush(heap, (t, r))
+            clock[r] = t
         collect(r)
 
     def post(r: int, time: float, kind: str, i: int, payload=None) -> None:
@@ -104,10 +126,38 @@ def drive_split(prefill: Sequence, decode: Sequence, routers, arrival: Sequence[
         if started:
             for i, src, end in started:
                 post(src, end, "release", i)
+                _less(unpulled_to[src], r)
+                _less(unpulled_from[r], src)
             started.clear()
+
+    def horizon(r: int, t: float, due: float) -> float:
+        """How far replica r (the earliest, deciding next at t) may run: decisions before the returned time, none
+        of which anything another replica does next can reach (module docstring); a decode replica's pulls are held
+        to its ``pull_limit`` as well. Another replica's next decision at c bounds r by c when it comes first at c
+        (a lower index), else just past c; r decides at t at least."""
+        bound, least = due, math.nextafter(t, math.inf)
+        if r < n_p:
+            for d in unpulled_to[r]:  # decode replicas that will pull from r (and post the release of its blocks)
+                bound = min(bound, math.nextafter(clock[d], math.inf))
+            return max(bound, least)
+        for p in range(n_p):  # a prefill replica's next handoff comes after its next decision
+            if clock[p] < bound:
+                bound = clock[p]
+            elif p in asleep and waits[p]:  # asleep with requests waiting for blocks, it wakes when a decode
+                for d in unpulled_to[p]:  # replica's pull frees some, then hands off (r's own pulls: r pauses
+                    if d != r:  # after each, kvstudy/engine/loop.py)
+                        bound = min(bound, math.nextafter(clock[d], math.inf))
+        pulls = math.inf
+        for src in unpulled_from[r]:  # decode replicas pulling over the same link: their pulls in time order
+            for d in unpulled_to[src]:
+                if d != r:
+                    pulls = min(pulls, clock[d] if d < r else math.nextafter(clock[d], math.inf))
+        engines[r].pull_limit = max(pulls, least)
+        return max(bound, least)
 
     for r in range(size):
         resume(r)  # each pauses first at its clock 0
+    waits = [e.state.waiting for e in engines]  # an asleep prefill replica with none waiting wakes to nothing
     states = [e.state.request_state for e in engines]
     for r in range(n_p):
         engines[r].state.hold = set()
@@ -165,6 +215,8 @@ def drive_split(prefill: Sequence, decode: Sequence, routers, arrival: Sequence[
             d = pick(d_router, decode_pool, d_refused, i, names[1])
         split.final[i], split.handed_at[i] = d, e
         engines[d].handoff.source[i] = src
+        unpulled_to[src][d] = unpulled_to[src].get(d, 0) + 1
+        unpulled_from[d][src] = unpulled_from[d].get(src, 0) + 1
         views[d].pending += 1
         post(d, e, "arrive", i, (e, engines[src].state.first_scheduled[i]))
 
@@ -178,10 +230,13 @@ def drive_split(prefill: Sequence, decode: Sequence, routers, arrival: Sequence[
             due_a = arrival[k] if k < n else math.inf
             due_h = hand[0][0] if hand else math.inf
             due = min(due_a, due_h, alarms[0][0]) if alarms else min(due_a, due_h)
-            if heap and heap[0][0] < due:  # the earliest replica runs up to the next one's clock (or the due event)
+            if heap and heap[0][0] < due:  # the earliest replica runs up to its horizon (or the due event)
                 t, r = heappop(heap)
                 views[r].pending = 0
-                resume(r, min(due, max(heap[0][0], math.nextafter(t, math.inf))) if heap else due)
+                if lockstep:  # every replica one step at a time: the same order, slower (a check of the horizons)
+                    resume(r, min(due, max(heap[0][0], math.nextafter(t, math.inf))) if heap else due)
+                else:
+                    resume(r, horizon(r, t, due))
                 continue
             if hand and due_h == due:
                 e, _, i, src = heappop(hand)
@@ -204,6 +259,15 @@ def drive_split(prefill: Sequence, decode: Sequence, routers, arrival: Sequence[
     if any(res is None for res in results):  # a bug: every replica's loop ends above
         raise KvStudyError("a replica of the disaggregated cluster never finished its run")
     return results, split
+
+
+def _less(counts: dict, key: int) -> None:
+    """One fewer under ``key`` (the key dropped at 0: the dicts list who still reaches whom)."""
+    left = counts[key] - 1
+    if left:
+        counts[key] = left
+    else:
+        del counts[key]
 
 
 def handoff_columns(requests: pd.DataFrame, order: np.ndarray, split: Split, engines: Sequence, n_p: int,

@@ -136,7 +136,10 @@ class Handoff:
     def pull(self, i: int, t: float, tokens: int) -> None:
         """Request i's prompt KV (``tokens`` tokens the decode replica does not have) starts moving at ``t``."""
         src = self.source[i]
-        start, end = self.links.transfer(src, t, self.seconds(self.shard_bytes(src) * tokens))
+        if tokens:
+            start, end = self.links.transfer(src, t, self.seconds(self.shard_bytes(src) * tokens))
+        else:  # its whole prompt is in this replica's prefix cache: nothing moves, the prefill replica frees it now
+            start = end = t
         self.records[i] = (t, start, end, self.total_bytes(tokens), tokens)
         self.started.append((i, src, end))
         self._t = t

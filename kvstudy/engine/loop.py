@@ -113,6 +113,9 @@ class StepEngine:
         #: a decode replica's handoff (kvstudy/cluster/handoff.py ``Handoff``): the KV pulls of handed-off requests,
         #: set by the disaggregated driver; None otherwise
         self.handoff = None
+        #: a decode replica's decision that may pull a handed-off request's KV at or past this time waits before it is
+        #: carried out until the driver resumes it (pulls over one link happen in time order; the driver sets it)
+        self.pull_limit = math.inf
 
     @staticmethod
     def _timer(latency, needs_generated: bool):
@@ -197,14 +200,21 @@ class StepEngine:
         next_time = self._next_arrival_time()
         t, step, no_token, since_completion, clearing, policy_s = 0.0, 0, 0, 0, 0, 0.0
         status, message, horizon, bar = "completed", "", -math.inf, self._progress_bar(name)
+        # what a disaggregated replica hands the driver (a prefill replica's handoffs, a decode replica's pulls, whose
+        # releases may wake a prefill replica): it pauses after each iteration that made some, for the driver to act
+        sent = self.handoff.started if self.handoff is not None else st.handed
+        # a decode replica's decode run the driver's horizon cut goes on after the pause as it would have without it
+        # (``_go_on``; the policy's steady_spare promise still holds: nothing arrived): carry is where it stopped
+        carry, carries = None, cluster and self.handoff is not None and spare is not None
         try:
             while True:
-                if cluster and t >= horizon:  # the driver routes the requests arriving by t before this one decides
+                if cluster and (t >= horizon or sent):  # the driver routes what arrives by t before this decides
                     horizon = yield t
                     if st.inbox and st.inbox[0][0] < next_time:  # the driver posted an event (disaggregation)
                         next_time = st.inbox[0][0]
                 if t >= next_time:  # 1. arrivals
                     next_time = self._arrive(t)
+                    carry = None
                 self.idled = False  # authors_code: consumed by the pass after the idle second
                 if not waiting and not running and not swapped:
                     woke = (yield IDLE) if cluster else self._wake()
@@ -218,40 +228,56 @@ class StepEngine:
                 if step >= self.max_iterations:
                     status, message = "max_iterations", f"stopped after {step} iterations (engine.max_iterations)"
                     break
-                d, decode_only, seconds = self._decide(view, check, step, t, name, overflow)  # 3. decide and check
-                if d is None:  # 2. clear: the running requests' need overflows the memory (the policy's hook)
-                    t += self._clear(overflow, view, t, step, name)
-                    step, clearing, since_completion = step + 1, clearing + 1, since_completion + 1
-                    if since_completion >= self.stall_limit:
-                        status, message = "no_progress", self._overflowing_message(since_completion)
-                        break
-                    continue
-                policy_s += seconds
-                if decode_only and not (st.prefilling or st.reserved) and running:
-                    # 4-7 for the most common iteration, and the decode-only iterations after it that the policy
-                    # promised (steady_spare): one decode run, of one iteration when there is no promise
-                    most = 1 if spare is None or swapped else self.max_iterations - step
-                    t, dt, stamp, finished, kv, run = self._decode_run(t, min(next_time, horizon) if cluster
-                                                                       else next_time, most, spare)
+                went = None
+                if carry is not None:  # the decode run the driver's pause cut, on from where it stopped
+                    went, carry = self._go_on(carry, min(next_time, horizon), self.max_iterations - step + 1,
+                                              spare), None
+                if went is not None:
+                    t, dt, stamp, finished, kv, run = went
                     step, produced = step + run - 1, True
+                    if not finished and t + dt >= horizon:
+                        carry = (t, dt, stamp, kv - len(running), len(running), st.decode_prompt_tokens)
                 else:
-                    batch = self._apply(d, t)  # 4. apply
-                    if not batch.chunks and not batch.decodes:  # nothing computes: copies take their time, or idle
-                        t += batch.swap_seconds
-                        if not (d.preempt or d.swap_in or running or swapped):
-                            woke = (yield IDLE) if cluster else self._wake()
-                            if woke is not None:  # idle: nothing runs until the next arrival
-                                t, horizon = max(t, self._round_up(woke)), -math.inf
-                                next_time = self._next_arrival_time()
-                                continue
-                        no_token += 1
-                        stop = self._ran_nothing(d, no_token, overflow is not None, name)
-                        if stop:
-                            status, message = stop
+                    d, decode_only, seconds = self._decide(view, check, step, t, name, overflow)  # 3. decide, check
+                    if d is None:  # 2. clear: the running requests' need overflows the memory (the policy's hook)
+                        t += self._clear(overflow, view, t, step, name)
+                        step, clearing, since_completion = step + 1, clearing + 1, since_completion + 1
+                        if since_completion >= self.stall_limit:
+                            status, message = "no_progress", self._overflowing_message(since_completion)
                             break
                         continue
-                    dt = self._time(d, batch)  # 5. time
-                    stamp, finished, produced, kv = self._stamp_and_record(d, batch, t, dt, step)  # 6, 7
+                    policy_s += seconds
+                    if decode_only and not (st.prefilling or st.reserved) and running:
+                        # 4-7 for the most common iteration, and the decode-only iterations after it that the policy
+                        # promised (steady_spare): one decode run, of one iteration when there is no promise
+                        most = 1 if spare is None or swapped else self.max_iterations - step
+                        limit = min(next_time, horizon) if cluster else next_time
+                        t, dt, stamp, finished, kv, run = self._decode_run(t, limit, most, spare)
+                        step, produced = step + run - 1, True
+                        if carries and not finished and not swapped and run < most and t + dt >= horizon:
+                            carry = (t, dt, stamp, kv - len(running), len(running), st.decode_prompt_tokens)
+                    else:
+                        if cluster and st.supplied and t >= self.pull_limit:  # it may pull: after the earlier pulls
+                            horizon = yield t
+                            if st.inbox and st.inbox[0][0] < next_time:
+                                next_time = st.inbox[0][0]
+                        batch = self._apply(d, t)  # 4. apply
+                        if not batch.chunks and not batch.decodes:  # nothing computes: copies take their time, or idle
+                            t += batch.swap_seconds
+                            if not (d.preempt or d.swap_in or running or swapped):
+                                woke = (yield IDLE) if cluster else self._wake()
+                                if woke is not None:  # idle: nothing runs until the next arrival
+                                    t, horizon = max(t, self._round_up(woke)), -math.inf
+                                    next_time = self._next_arrival_time()
+                                    continue
+                            no_token += 1
+                            stop = self._ran_nothing(d, no_token, overflow is not None, name)
+                            if stop:
+                                status, message = stop
+                                break
+                            continue
+                        dt = self._time(d, batch)  # 5. time
+                        stamp, finished, produced, kv = self._stamp_and_record(d, batch, t, dt, step)  # 6, 7
                 if finished:
                     since_completion = 0
                     self._finish(finished, stamp, step, t + dt, kv, cluster, bar)
@@ -481,6 +507,22 @@ class StepEngine:
         st.decode_context_tokens = ctx + n - left_ctx
         st.decode_prompt_tokens = prompts - left_prompts
         return t, dt, stamp, finished, ctx + n, run
+
+    def _go_on(self, carry: tuple, limit: float, max_run: int, spare: int):
+        """A decode replica's decode run that stopped at the disaggregated driver's horizon (kvstudy/cluster/
+        disaggregated.py) goes on where it stopped, with no decision, as it would have gone on without the pause:
+        ``carry`` is (its last iteration's start, seconds and stamp, its decoders' context before it, how many decode,
+        their prompts); nothing has arrived since. Returns ``_decode_run``'s tuple for the iterations it ran (their
+        count last), or None when none may (the promise's condition fails: the policy decides)."""
+        t, dt, stamp, ctx, n, prompts = carry
+        t, dt, stamp, finished, ctx, run = self._run_on(t, dt, stamp, ctx, n, prompts, limit, max_run, spare)
+        if run == 1:
+            return None
+        st = self.state
+        left_ctx, left_prompts = self._leave_clock(finished) if finished else (0, 0)
+        st.decode_context_tokens = ctx + n - left_ctx
+        st.decode_prompt_tokens = prompts - left_prompts
+        return t, dt, stamp, finished, ctx + n, run - 1
 
     def _run_on(self, t: float, dt: float, stamp: float, ctx: int, n: int, prompts: int, limit: float,
                 max_run: int, spare: int):

@@ -136,11 +136,10 @@ class Transitions:
         st.prefill_target[i] = target = st.prompt[i] + st.clock.tokens[i]
         hit = self.memory.start(i, target)  # tokens it skips (its cached prefix; 0 without a cache)
         skip = hit
-        if st.supplied:  # a handed-off request (disaggregation): the rest of its prompt's KV moves from the prefill
-            handed = st.supplied.pop(i, 0)  # replica now, into the blocks just allocated (what is cached stays)
-            if handed > hit:
-                self.pull(i, t, handed - hit)
-                skip = handed
+        if st.supplied and i in st.supplied:  # a handed-off request (disaggregation): the rest of its prompt's KV
+            handed = st.supplied.pop(i)  # moves from the prefill replica now, into the blocks just allocated (what is
+            self.pull(i, t, max(0, handed - hit))  # cached stays; all of it cached: nothing moves, the hold is freed)
+            skip = max(handed, hit)
         st.prefilled[i] = skip
         st.prefill_kv_tokens += skip
         if st.first_scheduled[i] != st.first_scheduled[i]:

@@ -229,3 +229,100 @@ def test_a_bad_disaggregated_cluster_is_one_line_before_any_work(overrides, mess
     with pytest.raises(ConfigError) as err:
         _run(*base, *overrides)
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_prompt_the_decode_replica_holds_whole_moves_nothing_and_frees_the_prefill_blocks(tmp_path):
+    """Two equal 32-token prompts (two whole blocks, one segment), the second after the first is done: the decode
+    replica's prefix cache holds the second's whole prompt, so its pull moves 0 tokens, and the prefill replica's
+    blocks kept for it are freed at its admission (none held at the end)."""
+    path = tmp_path / "t.csv"
+    pd.DataFrame({"arrival_time": [0.0, 5.0], "prompt_tokens": [32, 32], "output_tokens": [4, 4],
+                  "segments": ["[[7, 32]]", "[[7, 32]]"]}).to_csv(path, index=False)
+    res = _run("+policy=vllm", *[x for x in LIN if x != "memory=paged"], "memory=paged_prefix", "workload=trace",
+               f"workload.path={path}", SPLIT, "+cluster.handoff={gbps: 10}")
+    req = res.requests
+    assert (req["state"] == "done").all()
+    assert list(req["transfer_tokens"]) == [32, 0]
+    assert req["transfer_seconds"].iloc[1] == 0.0
+    assert res.extra["disaggregation"]["blocks_held_at_end"] == 0
+
+
+@pytest.mark.parametrize("lockstep", [False, True])
+def test_a_release_reaches_the_prefill_replica_before_its_next_decision(tmp_path, monkeypatch, lockstep):
+    """Sarathi (256-token chunks) on a prefill replica of 1,024 tokens (64 blocks), three prompts at t=0: 200
+    (13 blocks), 500 (32) and 400 (25), which waits (70 > 64). Iteration 1 (256 tokens: 200 + 56) ends at 0.276:
+    request 0 is handed off and pulled at once (200 x 163,840 bytes at 10 GB/s: 3.3 ms, its blocks freed at 0.279277).
+    The prefill replica decided at 0.276 before the pull (ties: prefill first), so request 2 is admitted at its next
+    decision, 0.552 (iteration 3: request 1's last 188 tokens and request 2's first 68), not later: the prefill
+    replica pauses after each handoff (kvstudy/engine/loop.py), and both drivers give this."""
+    import functools
+
+    import kvstudy.running.split_run as split_run
+
+    path = tmp_path / "t.csv"
+    pd.DataFrame({"arrival_time": [0.0, 0.0, 0.0], "prompt_tokens": [200, 500, 400],
+                  "output_tokens": [3, 3, 3]}).to_csv(path, index=False)
+    monkeypatch.setattr(split_run, "drive_split", functools.partial(split_run.drive_split, lockstep=lockstep))
+    res = _run("+policy=sarathi", "policy.chunk_size=256", *LIN, "memory.capacity_tokens=1024", "workload=trace",
+               f"workload.path={path}", SPLIT, "+cluster.handoff={gbps: 10}")
+    req = res.requests.set_index("request_id")
+    assert req.loc[0, "transfer_end"] == pytest.approx(0.276 + 200 * KV_SHARD / 10e9, abs=1e-12)
+    assert req.loc[2, "first_scheduled_time"] == pytest.approx(0.552, abs=1e-12)
+    assert req.loc[1, "first_token_time"] == pytest.approx(0.828, abs=1e-12)
+
+
+@pytest.mark.parametrize("lockstep", [False, True])
+def test_a_pull_that_wakes_the_prefill_replica_is_followed_by_its_handoff_in_time(tmp_path, monkeypatch, lockstep):
+    """vLLM, a prefill replica of 1,024 tokens (64 blocks), two prompts at t=0: H (600 tokens, 38 blocks, 50 output
+    tokens) and W (500, 32 blocks, 3), which waits (70 > 64). H's prefill ends at 0.62 (D0 + 600 D1); the prefill
+    replica, W not fitting, sleeps. The decode replica admits H at 0.62 and pulls 600 x 163,840 bytes at 10 GB/s
+    (9.8304 ms): its blocks on the prefill replica are freed at 0.6298304, which wakes it: W's prefill (0.52 s) ends
+    at 1.1498304. The decode replica's iterations: 0.62 + 0.0098304 + D0 + D1 = 0.6508304, then 0.021 s each; it
+    takes W in at its first decision after the handoff, 24 iterations on: 1.1548304. (The decode replica pauses after
+    the iteration that pulled, so the driver learns of the release before the decode replica runs past it.)"""
+    import functools
+
+    import kvstudy.running.split_run as split_run
+
+    path = tmp_path / "t.csv"
+    pd.DataFrame({"arrival_time": [0.0, 0.0], "prompt_tokens": [600, 500],
+                  "output_tokens": [50, 3]}).to_csv(path, index=False)
+    monkeypatch.setattr(split_run, "drive_split", functools.partial(split_run.drive_split, lockstep=lockstep))
+    pools = ("+cluster.pools={p: {role: prefill, replicas: 1, memory: {capacity_tokens: 1024}}, "
+             "d: {role: decode, replicas: 1}}")
+    res = _run("+policy=vllm", *LIN, "workload=trace", f"workload.path={path}", pools, "+cluster.handoff={gbps: 10}")
+    req = res.requests.set_index("request_id")
+    pull = 600 * KV_SHARD / 10e9
+    assert req.loc[0, "transfer_end"] == pytest.approx(0.62 + pull, abs=1e-12)
+    assert req.loc[1, "first_scheduled_time"] == pytest.approx(0.62 + pull, abs=1e-12)
+    assert req.loc[1, "handoff_time"] == pytest.approx(0.62 + pull + 0.52, abs=1e-12)
+    assert req.loc[1, "decode_admitted"] == pytest.approx(0.62 + pull + D0 + D1 + 24 * (D0 + D1), abs=1e-9)
+
+
+#: the horizon driver against the lockstep one: every policy family, decode runs on (no events recorded), a link
+#: slow enough that pulls from one prefill replica wait for each other; rate 50 keeps queues full, rate 6 leaves
+#: gaps between arrivals for the replicas to run ahead in
+DRIVER_CASES = [("vllm", "p1d3", 50), ("vllm", "p1d3", 6), ("sarathi", "p2d2", 50), ("sarathi", "p2d2", 6),
+                ("mcsf", "p1d3", 50), ("rr_sjf", "p2d2", 6), ("cacheopt", "p1d3", 50),
+                ("vllm policy.preemption_mode=swap", "p3d1", 6), ("alpha_beta", "p2d2", 50), ("fcfs", "p1d3", 6)]
+
+
+@pytest.mark.parametrize("policy, deployment, rate", DRIVER_CASES)
+def test_the_horizon_driver_equals_running_one_replica_step_at_a_time(policy, deployment, rate, monkeypatch):
+    """kvstudy/cluster/disaggregated.py runs each replica up to its horizon; ``lockstep=True`` runs the earliest one
+    only up to the next one's clock (the order every event happens in is the definition): the two give the same run,
+    every request and every iteration."""
+    import functools
+
+    import kvstudy.running.split_run as split_run
+
+    common = [f"+policy={policy.split()[0]}", *policy.split()[1:], *LIN, "+demand=high", f"demand.rate={rate}",
+              "workload.num_requests=150", "memory.capacity_tokens=3000", f"+deployment={deployment}",
+              "+cluster.handoff={gbps: 0.2}"]
+    fast = _run(*common)
+    monkeypatch.setattr(split_run, "drive_split", functools.partial(split_run.drive_split, lockstep=True))
+    slow = _run(*common)
+    assert fast.status == slow.status == "completed"
+    assert len(fast.iterations) > 150
+    pd.testing.assert_frame_equal(fast.requests, slow.requests)
+    pd.testing.assert_frame_equal(fast.iterations, slow.iterations)

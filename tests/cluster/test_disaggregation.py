@@ -299,6 +299,33 @@ def test_a_pull_that_wakes_the_prefill_replica_is_followed_by_its_handoff_in_tim
     assert req.loc[1, "decode_admitted"] == pytest.approx(0.62 + pull + D0 + D1 + 24 * (D0 + D1), abs=1e-9)
 
 
+@pytest.mark.parametrize("lockstep", [False, True])
+def test_a_pull_that_wakes_the_prefill_replica_bounds_the_other_decode_replicas(tmp_path, monkeypatch, lockstep):
+    """vLLM, a prefill replica of 1,024 tokens, two decode replicas (round robin). G (50 tokens, 100 out) goes to
+    decode replica 1, F (50, 100) to replica 2, X (50, 2) to replica 1; H (600, at 0.2888) is handed off at 0.9088 to
+    replica 2, which takes it at its next decision, 0.926819; W (500, at 0.29) waits on the prefill replica for H's
+    blocks (70 > 64), which the pull frees at 0.93665: W's prefill ends at 1.45665 and it goes to replica 1. Replica
+    1 decodes G all along; it must not run past the time a pull on replica 2 could wake the prefill replica (the
+    horizon's bound through a sleeping prefill replica), so it takes W in at its first decision after 1.45665
+    (1.457638), not after G's last token (2.17)."""
+    import functools
+
+    import kvstudy.running.split_run as split_run
+
+    path = tmp_path / "t.csv"
+    pd.DataFrame({"arrival_time": [0.0, 0.1, 0.2, 0.2888, 0.29], "prompt_tokens": [50, 50, 50, 600, 500],
+                  "output_tokens": [100, 100, 2, 5, 5]}).to_csv(path, index=False)
+    monkeypatch.setattr(split_run, "drive_split", functools.partial(split_run.drive_split, lockstep=lockstep))
+    pools = ("+cluster.pools={p: {role: prefill, replicas: 1, memory: {capacity_tokens: 1024}}, "
+             "d: {role: decode, replicas: 2, router: round_robin}}")
+    res = _run("+policy=vllm", *LIN, "workload=trace", f"workload.path={path}", pools, "+cluster.handoff={gbps: 10}")
+    req = res.requests.set_index("request_id")
+    assert list(req["replica"]) == [1, 2, 1, 2, 1]
+    assert req.loc[3, "transfer_end"] == pytest.approx(0.926819 + 600 * KV_SHARD / 10e9, abs=1e-6)
+    assert req.loc[4, "handoff_time"] == pytest.approx(req.loc[3, "transfer_end"] + D0 + 500 * D1, abs=1e-12)
+    assert 0 <= req.loc[4, "decode_admitted"] - req.loc[4, "handoff_time"] < D0 + 2 * D1  # within one iteration
+
+
 #: the horizon driver against the lockstep one: every policy family, decode runs on (no events recorded), a link
 #: slow enough that pulls from one prefill replica wait for each other; rate 50 keeps queues full, rate 6 leaves
 #: gaps between arrivals for the replicas to run ahead in

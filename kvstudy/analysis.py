@@ -195,7 +195,10 @@ def disaggregation_table(folder, ttft_slo: float = TTFT_SLO, tpot_slo: float = T
         else:
             handed = gap = share = pd.Series(dtype=float)
         deployment = _layout(run)
-        rows.append({"policy": run["algorithm"], "deployment": deployment, "rate": float(run["demand.rate"]),
+        link = run.get("disaggregation.link")
+        rows.append({"policy": run["algorithm"], "deployment": deployment, "hardware": _hardware(run),
+                     "workload": _workload(run), "link": link if isinstance(link, str) else "-",
+                     "rate": float(run["demand.rate"]),
                      "gpus": _gpus(run), "attainment": slo_attainment(reqs, ttft_slo, tpot_slo),
                      "ttft_p90": run.get("ttft.p90"), "ttft_p99": run.get("ttft.p99"),
                      "tbt_p99": run.get("tbt.p99"), "e2e_median": run.get("e2e_latency.median"),
@@ -203,9 +206,10 @@ def disaggregation_table(folder, ttft_slo: float = TTFT_SLO, tpot_slo: float = T
                      "transfer_share_of_handoff": float(share.median()) if len(handed) else 0.0,
                      "handoff_gap_s_median": float(gap.median()) if len(handed) else 0.0,
                      "status": run.get("status")})
-    table = pd.DataFrame(rows).sort_values(["policy", "deployment", "rate"]).reset_index(drop=True)
-    good = table[table["attainment"] >= target].groupby(["policy", "deployment"])["rate"].max()
-    table["goodput_rps"] = [good.get((p, d), np.nan) for p, d in zip(table["policy"], table["deployment"])]
+    setting = ["policy", "deployment", "hardware", "workload", "link"]  # one goodput per setting, over its rates
+    table = pd.DataFrame(rows).sort_values(setting + ["rate"]).reset_index(drop=True)
+    good = table[table["attainment"] >= target].groupby(setting)["rate"].max()
+    table["goodput_rps"] = [good.get(tuple(key), np.nan) for key in table[setting].itertuples(index=False)]
     table["goodput_per_gpu"] = table["goodput_rps"] / table["gpus"]
     return table
 
@@ -220,6 +224,30 @@ def _layout(run: pd.Series) -> str:
     if "prefill" not in count:
         return "colocated"
     return f"p{int(count['prefill'])}d{int(count.get('decode', 0))}"
+
+
+def _hardware(run: pd.Series) -> str:
+    """The run's replicas' hardware: one option (``a100_tp2``) when all are alike; else per pool (``prefill h100_tp2 /
+    decode a100_tp2``) or, for one pool of several kinds, the kinds joined by ``+``."""
+    per = run.get("cluster.per_replica")
+    parts = json.loads(per) if isinstance(per, str) else []
+    kinds = {p.get("hardware") for p in parts} - {None}
+    if len(kinds) <= 1:
+        return kinds.pop() if kinds else str(run.get("hardware.name"))
+    pools: dict = {}
+    for p in parts:
+        pools.setdefault(p.get("pool", "mixed"), []).append(p.get("hardware"))
+    if len(pools) == 1:
+        return "+".join(sorted(kinds))
+    return " / ".join(f"{name} {'+'.join(sorted(set(hw)))}" for name, hw in pools.items())
+
+
+def _workload(run: pd.Series) -> str:
+    """The run's workload: its option's name, or a trace file's stem (``workload=trace``)."""
+    name, path = run.get("workload.name"), run.get("workload.path")
+    if name == "trace" and isinstance(path, str):
+        return Path(path).stem
+    return str(name)
 
 
 def _gpus(run: pd.Series) -> int:

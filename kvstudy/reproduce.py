@@ -1,4 +1,4 @@
-"""``python -m kvstudy.reproduce mcsf|rr_sjf|cacheopt|prefix|cluster|hardware|offload|all [--dry-run] [--figures-only] [--jobs N] [--gallery]
+"""``python -m kvstudy.reproduce mcsf|rr_sjf|cacheopt|prefix|cluster|hardware|disaggregation|offload|all [--dry-run] [--figures-only] [--jobs N] [--gallery]
 [-- OVERRIDES]``
 
 One command per paper: every experiment of the paper (the table ``PAPERS`` below, the one list of them), one after
@@ -177,11 +177,20 @@ def _cluster() -> Tuple[Step, ...]:
     # issue 37's study (docs/cluster.md); seconds measured 2026-11-26 with two workers
     return (_sweep("cluster_lmsys", item="LMSYS-like, MC-SF setting: policy x router x 4/8 replicas", seconds=70),
             _sweep("cluster_mooncake", item="Mooncake with prefix caching: policy x router x 4/8 replicas",
-                   seconds=1000),
-            # issue 57's study (docs/disaggregation.md; notebook 06's last section): 48 runs in 50 s, one worker,
-            # 2026-11-29
-            _sweep("disaggregation", item="prefill/decode pools vs co-located: policy x deployment x rate",
-                   seconds=60))
+                   seconds=1000))
+
+
+DH_SECONDS, HA_SECONDS = 400, 150
+
+
+def _disaggregation() -> Tuple[Step, ...]:
+    # issue 57's studies (docs/disaggregation_findings.md, notebook 09); seconds measured 2026-11-29, one worker
+    return (_sweep("disaggregation", item="prefill/decode pools vs co-located: policy x deployment x rate", seconds=30),
+            _sweep("disaggregation_hardware", item="A100 and H100, conversation and code: policy x deployment x rate",
+                   seconds=DH_SECONDS),
+            _sweep("disaggregation_hardware", "+deployment=ha_p1d3,ha_p2d2,ha_p3d1", "hardware=a100_tp2",
+                   item="H100 prefill, A100 decode (Splitwise-HA): policy x deployment x rate", seconds=HA_SECONDS),
+            _sweep("disaggregation_link", item="the KV link from 1 to 50 GB/s per GPU (vLLM, 1P:3D)", seconds=10))
 
 
 def _hardware() -> Tuple[Step, ...]:
@@ -218,6 +227,8 @@ PAPERS: Dict[str, Paper] = {
     "cluster": Paper("Several replicas behind a router (issue 37; beyond the papers)", _cluster(),
                      ("06_cluster.ipynb",)),
     "hardware": Paper("GPUs beyond the A100 (issue 48; beyond the papers)", _hardware(), ("07_hardware.ipynb",)),
+    "disaggregation": Paper("Prefill/decode disaggregation (issue 57; beyond the papers)", _disaggregation(),
+                            ("09_disaggregation.ipynb",)),
     "offload": Paper("A KV offload tier behind the prefix cache (issue 49; beyond the papers)", _offload(),
                      ("08_offload.ipynb",)),
 }

@@ -11,16 +11,18 @@ from typing import Iterable, Optional
 
 import pandas as pd
 
-#: a request's states between its events, and their colours
-COLOURS = {"waiting": "#d9d9d9", "running": "#2b8cbe", "swapped": "#fdae6b", "preempted": "#e34a33"}
+#: a request's states between its events, and their colours; ``handed off``: prefilled on a prefill replica, waiting
+#: on its decode replica for blocks (disaggregation, docs/disaggregation.md; its KV pull is drawn apart, in black)
+COLOURS = {"waiting": "#d9d9d9", "running": "#2b8cbe", "swapped": "#fdae6b", "preempted": "#e34a33",
+           "handed off": "#9e9ac8"}
 _NEXT = {"admit": "running", "swap_in": "running", "first_token": None, "finish": None, "reject": None,
-         "clear": None}
+         "clear": None, "handed_in": "handed off"}
 
 
 def lives(events: pd.DataFrame, requests: pd.DataFrame) -> pd.DataFrame:
     """Each request's time split into segments: ``waiting`` (arrived, not yet admitted), ``running`` (from an
-    admission or swap-in), ``swapped`` (its KV in host memory) and ``preempted`` (recomputed: waiting to start
-    again). Columns ``request_id, state, start, end``; a request still unfinished at the run's end has an open
+    admission or swap-in), ``swapped`` (its KV in host memory), ``preempted`` (recomputed: waiting to start
+    again) and ``handed off`` (a disaggregated run's: from the prefill's end until its decode replica admits it). Columns ``request_id, state, start, end``; a request still unfinished at the run's end has an open
     last segment ending at its last event."""
     rows = []
     arrival = requests.set_index("request_id").arrival_time
@@ -34,7 +36,7 @@ def lives(events: pd.DataFrame, requests: pd.DataFrame) -> pd.DataFrame:
             else:
                 new = _NEXT.get(kind) or state
             if new != state:
-                if t > since or state != "waiting":
+                if t > since or state not in ("waiting", "handed off"):  # (admitted at once: no wait to draw)
                     rows.append((rid, state, since, float(t)))
                 state, since = new, float(t)
         if state != "done" and len(ev):
@@ -58,11 +60,17 @@ def gantt(run, requests: Optional[Iterable[int]] = None, ax=None, limit: int = 6
     for state, part in seg.groupby("state"):
         for rid, s, e in zip(part.request_id, part.start, part.end):
             ax.barh(row[rid], e - s, left=s, height=0.8, color=COLOURS[state], linewidth=0)
+    handles = [Patch(color=c, label=s) for s, c in COLOURS.items()]
+    if "transfer_start" in reqs:  # disaggregation: each handed-off request's KV pull, on its row
+        moved = reqs[reqs.request_id.isin(ids) & reqs.transfer_start.notna()]
+        for rid, s, e in zip(moved.request_id, moved.transfer_start, moved.transfer_end):
+            ax.barh(row[rid], max(e - s, 0.0), left=s, height=0.3, color="black", linewidth=0)
+        handles.append(Patch(color="black", label="KV pull"))
     ax.set_yticks(range(len(ids)), [str(i) for i in ids], fontsize=6)
     ax.invert_yaxis()
     ax.set_xlabel("time (s)")
     ax.set_ylabel("request")
-    ax.legend(handles=[Patch(color=c, label=s) for s, c in COLOURS.items()], fontsize=7, loc="lower right")
+    ax.legend(handles=handles, fontsize=7, loc="lower right")
     return ax
 
 

@@ -28,6 +28,11 @@ SMALL = {  # experiment -> overrides that shrink it (same code path, fewer and s
     "cluster_mooncake": ["+policy=vllm", "router=round_robin,prefix_affinity", "cluster.replicas=2",
                          "workload.num_requests=150", "memory.capacity_tokens=131072"],
     "disaggregation": ["+policy=vllm", "+deployment=colocated4,p1d3", "demand.rate=1.0", "workload.num_requests=60"],
+    # on the linear latency model (no predictor per GPU); the Splitwise-HA deployment in the same sweep
+    "disaggregation_hardware": ["+policy=vllm", "+deployment=colocated4,p1d3,ha_p1d3", "hardware=a100_tp2",
+                                "workload=splitwise_conv,splitwise_code", "demand.rate=1.0",
+                                "workload.num_requests=60", "latency=linear"],
+    "disaggregation_link": ["demand.rate=1.0", "workload.num_requests=60"],
     # the hardware study on the linear latency model: the notebook's code path without training a predictor per GPU
     # (tests/studies/test_hardware.py runs the study's hardware under Vidur)
     "hardware": ["+policy=mcsf,vllm,rr_sjf", "seed=0", "workload.num_requests=40", "latency=linear"],
@@ -49,7 +54,8 @@ FOLDER = {**{name: f"{name}/a100_tp2" for name in ("table1", "table1_fixed_set",
                                                                                     "sensitivity")},
           "prefix_mooncake": "prefix/mooncake_llama31_8b_a100_tp1", "prefix_sessions": "prefix/sessions_llama31_8b_a100_tp1",
           "cluster_lmsys": "cluster/lmsys", "cluster_mooncake": "cluster/mooncake",
-          "disaggregation": "disaggregation/splitwise_conv",
+          "disaggregation": "disaggregation/splitwise_conv", "disaggregation_hardware": "disaggregation/hardware",
+          "disaggregation_link": "disaggregation/link",
           "hardware": "hardware/three_papers", "hardware_table1": "hardware/table1", "hardware_rr_sjf": "hardware/rr_sjf",
           "hardware_cacheopt": "hardware/cacheopt", "offload_mooncake": "offload/mooncake",
           "offload_mooncake_cluster": "offload/mooncake_cluster"}

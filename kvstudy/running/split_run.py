@@ -50,10 +50,19 @@ def split_engines(cfg: DictConfig, setups: list, pools: list, build_policy: Call
     links = SenderLinks(n_p)
     p_hw = [s.ctx.hardware for s in setups[:n_p]]
     prof = plain(cfg.hardware).get("profiles") or {}
-    # the link's measured profile: the prefill pool's first replica's node (its send/recv profile)
-    send_recv = profile_files(arch, p_hw[0], prof.get("root"), prof.get("compute_dir"),
-                              prof.get("network_dir")).send_recv if settings.link != "free" else None
-    seconds = link_seconds(settings, send_recv)
+
+    def node_seconds(hw):
+        send_recv = profile_files(arch, hw, prof.get("root"), prof.get("compute_dir"),
+                                  prof.get("network_dir")).send_recv if settings.link != "free" else None
+        return link_seconds(settings, send_recv)
+
+    # the link's measured profile: the send/recv profile of the prefill pool's node (its first replica's hardware) and,
+    # when the decode pool's node differs (a mixed-GPU split, Splitwise-HA), the slower of the two ends
+    d_hw = setups[n_p].ctx.hardware
+    seconds = node_seconds(p_hw[0])
+    if settings.gbps is None and settings.link != "free" and d_hw.name != p_hw[0].name:
+        sender, receiver = seconds, node_seconds(d_hw)
+        seconds = lambda nbytes: max(sender(nbytes), receiver(nbytes))  # noqa: E731
     shard = [kv_bytes_per_gpu(arch, hw) for hw in p_hw]
     for setup, engine in zip(setups[n_p:], engines[n_p:]):
         engine.handoff = Handoff(links, shard.__getitem__, seconds,

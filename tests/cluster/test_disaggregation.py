@@ -8,6 +8,7 @@ import pytest
 
 from kvstudy import api
 from kvstudy.errors import ConfigError
+from tests.conftest import needs_shared
 
 D0, D1 = 0.02, 0.001  # the linear latency model: an iteration takes D0 + D1 x (its prefill tokens + its decodes)
 LIN = ["latency=linear", f"latency.d0={D0}", f"latency.d1={D1}", "engine.progress=false", "memory=paged"]
@@ -353,3 +354,46 @@ def test_the_horizon_driver_equals_running_one_replica_step_at_a_time(policy, de
     assert len(fast.iterations) > 150
     pd.testing.assert_frame_equal(fast.requests, slow.requests)
     pd.testing.assert_frame_equal(fast.iterations, slow.iterations)
+
+
+@needs_shared
+def test_a_mixed_gpu_split_moves_the_kv_at_the_slower_node_s_speed(tmp_path):
+    """Splitwise-HA (H100 prefill, A100 decode) over the measured network: the pull takes the slower end's time (the
+    A100 node's send/recv profile; the H100 node's is faster), so one request's transfer equals the all-A100 split's
+    and exceeds the all-H100 split's."""
+    trace = _trace(tmp_path, [(0.0, 1000, 4)])
+
+    def transfer(p_hw, d_hw):
+        pools = (f"+cluster.pools={{p: {{role: prefill, replicas: 1, hardware: {p_hw}}}, "
+                 f"d: {{role: decode, replicas: 1, hardware: {d_hw}}}}}")
+        res = _run("+policy=vllm", "engine.progress=false", "memory=paged", *trace, pools)
+        return res.requests["transfer_seconds"].iloc[0]
+
+    ha, aa, hh = transfer("h100_tp2", "a100_tp2"), transfer("a100_tp2", "a100_tp2"), transfer("h100_tp2", "h100_tp2")
+    assert ha == pytest.approx(aa, rel=1e-12)  # (end - start at another clock: equal to the last bits)
+    assert aa > 2 * hh > 0
+
+
+def test_the_timeline_shows_the_handoff_and_the_pull(tmp_path):
+    """The instance of the decode replica without room, with events: request 1 runs on the prefill replica, is
+    handed off at its first token and waits on the decode replica ("handed off") until request 0 completes, then runs
+    there; request 0, admitted at once, has no such segment. The Gantt chart draws each KV pull on its row."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from kvstudy import timeline
+
+    res = _run("+policy=vllm", *LIN, *_trace(tmp_path, [(0.0, 100, 20), (0.001, 100, 3)]),
+               "+cluster.pools={p: {role: prefill, replicas: 1}, "
+               "d: {role: decode, replicas: 1, memory: {capacity_tokens: 160, watermark: 0.0}}}",
+               "+cluster.handoff={gbps: 10}", "record.events=true")
+    req = res.requests.set_index("request_id")
+    seg = timeline.lives(res.events, res.requests)
+    assert list(seg[seg.request_id == 0].state) == ["running", "running"]
+    second = seg[seg.request_id == 1].reset_index(drop=True)
+    assert list(second.state) == ["waiting", "running", "handed off", "running"]
+    assert second.start[2] == pytest.approx(req.loc[1, "handoff_time"], abs=1e-12)
+    assert second.end[2] == pytest.approx(req.loc[1, "decode_admitted"], abs=1e-12)
+    assert second.end[2] == pytest.approx(req.loc[0, "completion_time"], abs=1e-12)
+    ax = timeline.gantt(res)
+    assert "KV pull" in [t.get_text() for t in ax.get_legend().get_texts()]

@@ -53,9 +53,10 @@ EXPERIMENTS = {
     "03_rr_sjf": ("rr_sjf_policies", "rr_sjf_quantum", "rr_sjf_noise", "rr_sjf_rate", "three_papers"),
     "04_cacheopt": ("cacheopt_motivation", "cacheopt_main", "cacheopt_ablation", "cacheopt_sensitivity"),
     "05_prefix_caching": ("prefix_mooncake", "prefix_sessions"),
-    "06_cluster": ("cluster_lmsys", "cluster_mooncake", "disaggregation"),
+    "06_cluster": ("cluster_lmsys", "cluster_mooncake"),
     "07_hardware": ("hardware", "hardware_table1", "hardware_rr_sjf", "hardware_cacheopt"),
     "08_offload": ("offload_mooncake", "offload_mooncake_cluster"),
+    "09_disaggregation": ("disaggregation", "disaggregation_hardware", "disaggregation_link"),
 }
 OTHER_COMMANDS = {"01_mcsf_paper": _regimes_and_alpha_search, "02_hindsight_optimum": _hindsight_optimum}
 

@@ -92,7 +92,7 @@ def test_the_cacheopt_script_runs_the_module():
     assert proc.stdout.count("python -m kvstudy +experiment=cacheopt_") == 20
 
 
-@pytest.mark.parametrize("args, says", [(["nope"], "unknown paper 'nope'; allowed: mcsf, rr_sjf, cacheopt, prefix, cluster, hardware, offload, all"),
+@pytest.mark.parametrize("args, says", [(["nope"], "unknown paper 'nope'; allowed: mcsf, rr_sjf, cacheopt, prefix, cluster, hardware, disaggregation, offload, all"),
                                         (["mcsf", "--jobs", "0"], "--jobs 0"),
                                         (["mcsf", "--", "hardware"], "not a Hydra override")])
 def test_bad_arguments_give_one_error_line_and_status_2(args, says):

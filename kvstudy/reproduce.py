@@ -180,16 +180,13 @@ def _cluster() -> Tuple[Step, ...]:
                    seconds=1000))
 
 
-DH_SECONDS, HA_SECONDS = 400, 150
-
-
 def _disaggregation() -> Tuple[Step, ...]:
     # issue 57's studies (docs/disaggregation_findings.md, notebook 09); seconds measured 2026-11-29, one worker
     return (_sweep("disaggregation", item="prefill/decode pools vs co-located: policy x deployment x rate", seconds=30),
             _sweep("disaggregation_hardware", item="A100 and H100, conversation and code: policy x deployment x rate",
-                   seconds=DH_SECONDS),
+                   seconds=170),
             _sweep("disaggregation_hardware", "+deployment=ha_p1d3,ha_p2d2,ha_p3d1", "hardware=a100_tp2",
-                   item="H100 prefill, A100 decode (Splitwise-HA): policy x deployment x rate", seconds=HA_SECONDS),
+                   item="H100 prefill, A100 decode (Splitwise-HA): policy x deployment x rate", seconds=80),
             _sweep("disaggregation_link", item="the KV link from 1 to 50 GB/s per GPU (vLLM, 1P:3D)", seconds=10))
 
 

@@ -17,12 +17,15 @@ every replica's next decision, else the replica whose clock is earliest runs up 
 something another replica does next could reach it (conservative lookahead, as parallel discrete-event simulators
 bound each process by its senders' clocks). What reaches whom:
 
-* a decode replica hears from the prefill replicas (a handoff ends a prefill after that replica's next decision)
-  and, while it has handed-off requests to pull, from the decode replicas that pull from the same prefill replica
-  (one link, first come first served: their pulls must happen in time order);
+* a decode replica hears from the prefill replicas (a handoff ends a prefill after that replica's next decision);
+  from a sleeping prefill replica with requests waiting for blocks through the other decode replicas holding its
+  requests (their pull frees blocks, which wakes it, and it hands off after); and, for a decision that may pull,
+  from the decode replicas that pull from the same prefill replica (one link, first come first served: their pulls
+  must happen in time order; ``StepEngine.pull_limit``);
 * a prefill replica hears from the decode replicas holding requests it handed off and not yet pulled (each pull
-  posts the release of its blocks), and pauses after every iteration that hands off (the handoff is routed before
-  it decides again).
+  posts the release of its blocks);
+* a replica pauses after every iteration that handed off or pulled (the driver routes the handoff, or posts the
+  release, before it decides again).
 
 So a decode replica runs its decode-only iterations in one run between two prefill decisions (kvstudy/engine/loop.py
 ``_decode_run``), where running every replica one iteration at a time gives the same result slower (the order above is

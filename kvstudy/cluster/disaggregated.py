@@ -312,7 +312,8 @@ def split_summary(requests: pd.DataFrame, iterations: pd.DataFrame, settings: Ha
     """summary.json's ``disaggregation``: the settings, how many requests were handed off or ran whole on a decode
     replica, the transfer's seconds and its share of the time from the first token to the second (the gap the
     handoff lands in), the wait for decode blocks, and per pool its utilisation (busy seconds over the run's span per
-    replica) and its iterations' mean KV blocks in use."""
+    replica), its iterations' mean KV blocks in use and its queue (``mean_waiting``: requests waiting in it, averaged
+    over the run's span: the seconds they waited there over the span)."""
     done = requests[requests["state"] == "done"]
     handed = done[done["handoff_time"].notna()]
     span = float(iterations["start"].add(iterations["duration"]).max() - iterations["start"].min()) \
@@ -328,14 +329,22 @@ def split_summary(requests: pd.DataFrame, iterations: pd.DataFrame, settings: Ha
         out["transfer_bytes"] = int(handed["transfer_bytes"].sum())
         out["decode_wait_seconds"] = {"median": float(handed["decode_wait"].median()),
                                       "p90": float(handed["decode_wait"].quantile(0.9))}
+    # the seconds requests waited in each pool's queues: before their prefill on a prefill replica; before their
+    # admission on a decode replica (a handed-off one from its handoff, one run whole there from its arrival)
+    whole = done["prefill_replica"] == -1
+    before_prefill = done["first_scheduled_time"] - done["arrival_time"]
+    waited = (float(before_prefill[~whole].sum()),
+              float(handed["decode_wait"].sum()) + float(before_prefill[whole].sum()))
     per_pool = {}
-    for name, replicas in pools:
+    for (name, replicas), wait in zip(pools, waited):
         it = iterations[iterations["replica"].isin(replicas)]
         busy = float(it["duration"].sum())
         kv = "blocks_used" if "blocks_used" in it else "kv_tokens"
         per_pool[name] = {"replicas": len(replicas), "iterations": int(len(it)),
                           "utilisation": busy / (span * len(replicas)) if span > 0 else None,
-                          f"mean_{kv}": float(it[kv].mean()) if len(it) and kv in it else None}
+                          f"mean_{kv}": float(it[kv].mean()) if len(it) and kv in it else None,
+                          # time-averaged requests waiting in the pool (Little's law: waiting seconds over the span)
+                          "mean_waiting": wait / span if span > 0 else None}
     out["pools"] = per_pool
     return out
 

@@ -84,6 +84,13 @@ def test_a_decode_replica_without_room_makes_the_request_wait_then_admits_it(tmp
     assert b["handoff_time"] < a["completion_time"]
     assert b["decode_admitted"] == pytest.approx(a["completion_time"], abs=1e-12)
     assert b["decode_wait"] == pytest.approx(a["completion_time"] - b["handoff_time"], abs=1e-12)
+    # each pool's queue over the run's span: request 1 waited on the prefill replica behind request 0's prefill (0.001
+    # to 0.12), then on the decode replica for its blocks
+    it = res.iterations
+    span = (it["start"] + it["duration"]).max() - it["start"].min()
+    pools = res.extra["disaggregation"]["pools"]
+    assert pools["p"]["mean_waiting"] * span == pytest.approx(0.12 - 0.001, abs=1e-12)
+    assert pools["d"]["mean_waiting"] * span == pytest.approx(b["decode_wait"], abs=1e-12)
 
 
 def _one_at_a_time(n=12, seed=0):

@@ -140,3 +140,37 @@ def test_the_command_line_refuses_bad_input_in_one_line(argv, message, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
+
+
+def test_the_shipped_price_table_and_a_deployment_s_cost():
+    from kvstudy.search.prices import hourly_cost, read_prices
+
+    prices = read_prices()
+    assert set(prices) == {"a100", "h100", "l4"}
+    assert all(p.date == "2026-05-07" and "techbytes.app" in prices["a100"].source for p in prices.values())
+    # four A100 TP=2 replicas: 8 GPUs; H100 prefill (TP=2) with three A100 decode replicas (TP=2)
+    assert hourly_cost([("a100", 2, 1)] * 4, prices) == pytest.approx(8 * 2.4984)
+    assert hourly_cost([("h100", 2, 1)] + [("a100", 2, 1)] * 3, prices) == pytest.approx(2 * 3.9492 + 6 * 2.4984)
+    with pytest.raises(ConfigError, match="no price for GPU 'h200' in the price table"):
+        hourly_cost([("h200", 2, 1)], prices)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("gpu,usd_per_gpu_hour,source\na100,2,x\n", "no column 'date'"),
+    ("gpu,usd_per_gpu_hour,source,date\nb200,2,x,2026-01-01\n", "row 2, gpu='b200': unknown GPU; allowed: a100"),
+    ("gpu,usd_per_gpu_hour,source,date\na100,-2,x,2026-01-01\n", "row 2, usd_per_gpu_hour='-2': allowed: US dollars"),
+    ("gpu,usd_per_gpu_hour,source,date\na100,cheap,x,2026-01-01\n", "usd_per_gpu_hour='cheap'"),
+    ("gpu,usd_per_gpu_hour,source,date\na100,2,,2026-01-01\n", "row 2, source='': allowed: where the price"),
+    ("gpu,usd_per_gpu_hour,source,date\na100,2,x,May 2026\n", "row 2, date='May 2026': allowed: the day"),
+    ("gpu,usd_per_gpu_hour,source,date\na100,2,x,2026-01-01\na100,3,y,2026-01-02\n", "row 3, gpu='a100': a second"),
+    ("gpu,usd_per_gpu_hour,source,date\n", "no rows"),
+])
+def test_a_bad_price_table_is_one_line(tmp_path, text, message):
+    from kvstudy.errors import KvStudyError
+    from kvstudy.search.prices import read_prices
+
+    path = tmp_path / "prices.csv"
+    path.write_text(text)
+    with pytest.raises(KvStudyError) as err:
+        read_prices(path)
+    assert message in str(err.value) and str(path) in str(err.value) and "\n" not in str(err.value)

@@ -1,6 +1,10 @@
 """``python -m kvstudy.search capacity [--criterion C] [--seeds 0,1] [--start R] [--tolerance F] [--min-rate R]
 [--max-rate R] [--max-steps N] [--knob demand.rate] [--out FILE] -- OVERRIDES``
 
+``python -m kvstudy.search grid SPEC.yaml [--out DIR] [--prices FILE] [--jobs N]``: every deployment of a grid
+(kvstudy/search/grid.py; SPEC: a YAML file, or the name of one in kvstudy/search/specs/), resumable; prints the best deployment, writes
+``DIR/results.parquet`` and ``DIR/pareto.png``.
+
 One deployment's capacity under an SLO (issue 58; kvstudy/search/capacity.py): the highest request rate at which the
 criterion holds (kvstudy/search/criteria.py; default ``goodput:ttft=2.5,tpot=0.15,share=0.9``, DistServe's), by
 bisection, once per seed; the deployment is a run's Hydra overrides after ``--`` (as ``python -m kvstudy`` takes
@@ -27,7 +31,10 @@ from kvstudy.search.criteria import read_criterion
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m kvstudy.search", description=__doc__.split("\n\n")[1])
-    p.add_argument("command", choices=["capacity"])
+    p.add_argument("command", choices=["capacity", "grid"])
+    p.add_argument("spec", nargs="?", help="grid: the search's YAML, or the name of one in kvstudy/search/specs/")
+    p.add_argument("--prices", default=None, help="grid: a price table (gpu,usd_per_gpu_hour,source,date)")
+    p.add_argument("--jobs", type=int, default=1, help="grid: deployments searched at once (local processes)")
     p.add_argument("--criterion", default="goodput:ttft=2.5,tpot=0.15,share=0.9")
     p.add_argument("--seeds", default="0", help="comma-separated seeds, one search each")
     p.add_argument("--start", type=float, default=1.0, help="the first rate probed")
@@ -36,7 +43,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-rate", type=float, default=1000.0)
     p.add_argument("--max-steps", type=int, default=40, help="simulations per seed at most")
     p.add_argument("--knob", default="demand.rate", choices=["demand.rate", "workload.rate_scale"])
-    p.add_argument("--out", default="outputs/search/capacity.json")
+    p.add_argument("--out", default=None, help="capacity: outputs/search/capacity.json; grid: outputs/search/<spec>")
     return p
 
 
@@ -55,6 +62,8 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     own, overrides = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
     args = _parser().parse_args(own)
+    if args.command == "grid":
+        return _grid(args)
     if not overrides:
         raise ConfigError("no deployment: give a run's overrides after --, e.g. -- +policy=vllm +demand=high")
     criterion = read_criterion(args.criterion, "--criterion")
@@ -62,7 +71,7 @@ def main(argv=None) -> int:
     settings = dict(start=args.start, tolerance=args.tolerance, min_rate=args.min_rate, max_rate=args.max_rate,
                     max_steps=args.max_steps)
     check_search(**settings)
-    out = prepare_file(Path(args.out), "--out")  # checked before any simulation
+    out = prepare_file(Path(args.out or "outputs/search/capacity.json"), "--out")  # checked before any simulation
     result = deployment_capacity(overrides, criterion, seeds=seeds, knob=args.knob, **settings)
     for seed, search in zip(seeds, result["searches"]):
         for p in search["probes"]:
@@ -76,6 +85,36 @@ def main(argv=None) -> int:
         print(f"no capacity found: {', '.join(result['statuses'])}")
     write_text_atomic(out, json.dumps({**result, "settings": settings}, indent=1) + "\n")
     print(f"wrote {out}")
+    return 0
+
+
+def _grid(args) -> int:
+    from kvstudy.running.paths import prepare_dir
+    from kvstudy.search.grid import best, read_spec, run_grid
+    from kvstudy.search.prices import read_prices
+
+    if not args.spec:
+        raise ConfigError("grid: no spec; allowed: python -m kvstudy.search grid SPEC.yaml (or a name in kvstudy/search/specs/)")
+    if isinstance(args.jobs, bool) or args.jobs < 1:
+        raise ConfigError(f"--jobs={args.jobs}: allowed: a whole number >= 1")
+    spec = read_spec(args.spec)
+    prices = read_prices(args.prices)
+    out = Path(args.out) if args.out else Path("outputs/search") / Path(args.spec).stem
+    prepare_dir(out, "--out")
+    table = run_grid(spec, out, prices, jobs=args.jobs)
+    top = best(table)
+    found, above = int((table["status"] == "found").sum()), int((table["status"] == "above_range").sum())
+    print(f"{len(table)} deployments under {spec.criterion_text}: {found} with a capacity, {above} meeting it at the "
+          f"highest rate searched, {len(table) - found - above} skipped or unreachable")
+    if top is None:
+        print("no deployment meets the SLO at any searched rate")
+    else:
+        least = ">= " if top["status"] == "above_range" else ""
+        print(f"best: {top['key']} ({top['gpus']} GPUs, ${top['usd_per_hour']:.2f}/h): capacity {least}"
+              f"{top['capacity']:.3g} "
+              f"req/s, {top['qps_per_usd_hour']:.3g} req/s per $/h, ${top['usd_per_million_requests']:.2f} per million "
+              f"requests, TTFT p90 {top['ttft_p90']:.3g} s at capacity")
+    print(f"wrote {out / 'results.parquet'} and {out / 'pareto.png'}")
     return 0
 
 

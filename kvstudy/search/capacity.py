@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence
 
 from kvstudy.errors import ConfigError
 
@@ -28,14 +28,17 @@ STATUSES = ("found", "unreachable", "above_range")
 
 @dataclass
 class Probe:
-    """One simulation of the search: its rate, whether the criterion held, the value it measured, the run's status and
-    the seconds it took."""
+    """One simulation of the search: its rate, whether the criterion held, the value it measured, the run's status,
+    the seconds it took and the run's latencies (TTFT p90, TBT p99, median e2e; NaN when not measured)."""
 
     rate: float
     holds: bool
     value: float
     status: str = "completed"
     seconds: float = 0.0
+    ttft_p90: float = math.nan
+    tbt_p99: float = math.nan
+    e2e_median: float = math.nan
 
 
 @dataclass
@@ -66,18 +69,20 @@ def check_search(start: float, tolerance: float, min_rate: float, max_rate: floa
         raise ConfigError(f"search.max_steps={max_steps!r}: allowed: a whole number >= 1")
 
 
-def search_rate(measure: Callable[[float], Tuple[bool, float, str]], start: float, tolerance: float = 0.02,
+def search_rate(measure: Callable[[float], tuple], start: float, tolerance: float = 0.02,
                 min_rate: float = 0.01, max_rate: float = 1000.0, max_steps: int = 40) -> Search:
     """The bisection of the module docstring. ``measure(rate)`` runs the deployment at ``rate`` and returns (whether
-    the criterion holds, the value it measured, the run's status). ``max_steps`` bounds the simulations (a search
-    that uses them all reports the bracket it has, its width above the tolerance)."""
+    the criterion holds, the value it measured, the run's status[, a dict of the run's latencies, ``Probe``'s
+    fields]). ``max_steps`` bounds the simulations (a search that uses them all reports the bracket it has, its width
+    above the tolerance)."""
     check_search(start, tolerance, min_rate, max_rate, max_steps)
     probes: List[Probe] = []
 
     def probe(rate: float) -> bool:
         t0 = time.perf_counter()
-        holds, value, status = measure(rate)
-        probes.append(Probe(float(rate), bool(holds), float(value), str(status), time.perf_counter() - t0))
+        holds, value, status, *more = measure(rate)
+        probes.append(Probe(float(rate), bool(holds), float(value), str(status), time.perf_counter() - t0,
+                            **(more[0] if more else {})))
         return bool(holds)
 
     low = high = None
@@ -126,6 +131,22 @@ def summarise(searches: Sequence[Search]) -> dict:
     return out
 
 
+def latencies(summary: dict) -> dict:
+    """A run's TTFT p90, TBT p99 and median e2e from its summary (NaN where it has none)."""
+    def get(metric, stat):
+        value = (summary.get(metric) or {}).get(stat)
+        return float(value) if value is not None else math.nan
+
+    return {"ttft_p90": get("ttft", "p90"), "tbt_p99": get("tbt", "p99"), "e2e_median": get("e2e_latency", "median")}
+
+
+def at_capacity(search: dict) -> dict:
+    """The probe at a search's capacity (its latencies: the deployment's at the highest rate that held); {} when none
+    held."""
+    held = [p for p in search["probes"] if p["holds"] and p["rate"] == search["capacity"]]
+    return held[-1] if held else {}
+
+
 def deployment_capacity(overrides: Sequence[str], criterion, seeds: Sequence[int] = (0,), knob: str = "demand.rate",
                         **settings) -> dict:
     """The capacity of the deployment ``overrides`` (a run's Hydra overrides, as ``python -m kvstudy`` takes them)
@@ -143,7 +164,7 @@ def deployment_capacity(overrides: Sequence[str], criterion, seeds: Sequence[int
         def measure(rate: float, seed=seed):
             res, summary = api.simulate(api.compose(base + [f"{knob}={rate!r}", f"seed={seed}"]))
             holds, value = criterion.measure(res.requests)
-            return holds, value, summary.get("status", "completed")
+            return holds, value, summary.get("status", "completed"), latencies(summary)
 
         searches.append(search_rate(measure, **settings))
     return {"criterion": repr(criterion), "knob": knob, "overrides": list(overrides),

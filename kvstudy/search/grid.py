@@ -1,0 +1,321 @@
+"""The deployment search over a grid (issue 58, item 3): every deployment a spec names, each one's capacity under the
+spec's criterion (kvstudy/search/capacity.py), its cost per hour (kvstudy/search/prices.py), QPS per dollar and the
+Pareto frontier of cost against latency; the best deployment under the SLO.
+
+The spec is a YAML file like Vidur-Search's config.yml (vidur/config_optimizer/config_explorer/config/), read and
+checked by ``read_spec``; why YAML and not a Hydra experiment: a search runs many searches of many simulations each,
+with state to resume, so it is a program of its own over composed runs (as Vidur-Search is over Vidur's runs), not one
+multirun sweep::
+
+    overrides: [model=llama2_70b, workload=splitwise_conv, workload.num_requests=600, workload.over_context=drop,
+                memory=paged, memory.capacity_tokens=auto, +demand=high]
+    criterion: goodput:ttft=2.5,tpot=0.15,share=0.9
+    seeds: [0]
+    gpu_budget: 16
+    search: {start: 1.0, tolerance: 0.05, max_rate: 64}
+    grid:
+      hardware: [a100_tp2, a100_tp4, h100_tp2]      # options of the hardware group: device x TP x PP
+      replicas: [1, 2, 4]                             # co-located replicas of each
+      deployments: [p1d3, p2d2, ha_p1d3]              # options of the deployment group (pools), on each hardware
+      policies:                                       # each policy with its settings to try ([{}]: as shipped)
+        vllm: [{}]
+        sarathi: [{chunk_size: 256}, {chunk_size: 512}]
+
+Each deployment is one set of overrides on top of ``overrides``; its GPUs are its replicas' TP x PP (a pool's own
+hardware counted); one over ``gpu_budget``, or on a GPU the price table has no price for, is skipped with that reason,
+as is one the first simulation refuses (a model whose weights do not fit: the run's one-line reason). Each finished
+deployment is written to ``<out>/deployments/<key>.json`` at once (whole or not at all): a search run again finds it
+there and does not search it again (resume). The table ``<out>/results.parquet`` and the figure ``<out>/pareto.png``
+are written at the end. Deployments run in parallel with ``jobs`` local processes (concurrent.futures); SLURM or Ray
+fan-out is not built.
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+import warnings
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import pandas as pd
+from omegaconf import OmegaConf
+
+from kvstudy.errors import ConfigError, KvStudyError
+from kvstudy.running.atomic import write_atomic, write_text_atomic
+from kvstudy.search.capacity import at_capacity, check_search, deployment_capacity
+from kvstudy.search.criteria import read_criterion
+from kvstudy.search.prices import hourly_cost
+
+#: the shipped specs (``python -m kvstudy.search grid <name>``)
+SPECS = Path(__file__).with_name("specs")
+SPEC_KEYS = ("overrides", "criterion", "seeds", "gpu_budget", "search", "grid")
+GRID_KEYS = ("hardware", "replicas", "deployments", "policies")
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """One point of the grid: its name (``key``), its overrides and its replicas as (device, TP, PP)."""
+
+    key: str
+    overrides: tuple
+    replicas: tuple
+    hardware: str
+    layout: str
+    policy: str
+    settings: str
+
+
+@dataclass
+class Spec:
+    overrides: List[str]
+    criterion: object
+    criterion_text: str
+    seeds: List[int]
+    gpu_budget: int
+    search: dict
+    deployments: List[Deployment] = field(default_factory=list)
+
+
+def _conf_dir() -> Path:
+    from kvstudy.running.paths import REPO_ROOT
+
+    return REPO_ROOT / "conf"
+
+
+def _hardware(name: str, where: str) -> tuple:
+    path = _conf_dir() / "hardware" / f"{name}.yaml"
+    if not path.is_file():
+        options = sorted(p.stem for p in path.parent.glob("*.yaml"))
+        raise ConfigError(f"{where}={name!r}: unknown hardware; allowed: {', '.join(options)}")
+    raw = OmegaConf.load(path)
+    return str(raw.device), int(raw.tensor_parallel), int(raw.pipeline_parallel)
+
+
+def _pools(option: str, where: str) -> List[tuple]:
+    """A deployment option's pools as (replicas, hardware option or None: the run's)."""
+    path = _conf_dir() / "deployment" / f"{option}.yaml"
+    if not path.is_file():
+        options = sorted(p.stem for p in path.parent.glob("*.yaml"))
+        raise ConfigError(f"{where}={option!r}: unknown deployment; allowed: {', '.join(options)}")
+    cluster = OmegaConf.to_container(OmegaConf.load(path)).get("cluster", {})
+    pools = cluster.get("pools") or {}
+    if not pools:
+        return [(int(cluster.get("replicas", 1)), None)]
+    return [(int(p["replicas"]), p.get("hardware")) for p in pools.values()]
+
+
+def _settings_text(settings: dict) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(settings.items())) or "-"
+
+
+def read_spec(path) -> Spec:
+    """The search's YAML (module docstring), checked: a bad key or value is one line naming the file, the key, the
+    value and what is allowed."""
+    path = Path(path)
+    shipped = SPECS / f"{path.name}.yaml"
+    if not path.is_file() and path.parent == Path(".") and shipped.is_file():
+        path = shipped  # a shipped spec by its name
+    if not path.is_file():
+        names = ", ".join(sorted(p.stem for p in SPECS.glob("*.yaml")))
+        raise ConfigError(f"{path}: no such search spec; allowed: a YAML file (docs/search.md) or a shipped one's "
+                          f"name ({names})")
+    raw = OmegaConf.to_container(OmegaConf.load(path))
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: not a mapping; allowed: keys {', '.join(SPEC_KEYS)}")
+    unknown = [k for k in raw if k not in SPEC_KEYS]
+    if unknown:
+        raise ConfigError(f"{path}: {unknown[0]}: not a search setting; allowed: {', '.join(SPEC_KEYS)}")
+    overrides = raw.get("overrides") or []
+    if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
+        raise ConfigError(f"{path}: overrides={overrides!r}: allowed: a list of Hydra overrides (strings)")
+    text = raw.get("criterion", "goodput")
+    criterion = read_criterion(text, f"{path}: criterion")
+    seeds = raw.get("seeds", [0])
+    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool)
+                                                           for s in seeds):
+        raise ConfigError(f"{path}: seeds={seeds!r}: allowed: a list of whole numbers")
+    budget = raw.get("gpu_budget", 8)
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+        raise ConfigError(f"{path}: gpu_budget={budget!r}: allowed: a whole number of GPUs >= 1")
+    search = {"start": 1.0, "tolerance": 0.05, "min_rate": 0.05, "max_rate": 256.0, "max_steps": 40,
+              **(raw.get("search") or {})}
+    unknown = [k for k in search if k not in ("start", "tolerance", "min_rate", "max_rate", "max_steps")]
+    if unknown:
+        raise ConfigError(f"{path}: search.{unknown[0]}: not a search setting; allowed: start, tolerance, min_rate, "
+                          f"max_rate, max_steps")
+    check_search(**search)
+    grid = raw.get("grid") or {}
+    unknown = [k for k in grid if k not in GRID_KEYS]
+    if unknown:
+        raise ConfigError(f"{path}: grid.{unknown[0]}: not a grid axis; allowed: {', '.join(GRID_KEYS)}")
+    spec = Spec(list(overrides), criterion, str(text), list(seeds), budget, search)
+    spec.deployments = _deployments(grid, str(path))
+    if not spec.deployments:
+        raise ConfigError(f"{path}: grid: no deployment; allowed: grid.hardware with grid.replicas or "
+                          f"grid.deployments, and grid.policies")
+    return spec
+
+
+def _deployments(grid: dict, where: str) -> List[Deployment]:
+    hardware = grid.get("hardware") or []
+    replicas = grid.get("replicas") or []
+    layouts = grid.get("deployments") or []
+    policies = grid.get("policies") or {}
+    if not isinstance(policies, dict) or not policies:
+        raise ConfigError(f"{where}: grid.policies={policies!r}: allowed: a mapping policy -> list of settings "
+                          f"([{{}}]: as shipped)")
+    for n in replicas:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ConfigError(f"{where}: grid.replicas has {n!r}; allowed: whole numbers >= 1")
+    out = []
+    for hw in hardware:
+        device, tp, pp = _hardware(hw, f"{where}: grid.hardware")
+        shapes = [(f"x{n}", [f"cluster.replicas={n}"] if n > 1 else [], [(device, tp, pp)] * n) for n in replicas]
+        for layout in layouts:
+            pools = _pools(layout, f"{where}: grid.deployments")
+            reps = []
+            for count, own in pools:
+                reps += [_hardware(own, f"{where}: {layout}") if own else (device, tp, pp)] * count
+            shapes.append((layout, [f"+deployment={layout}"], reps))
+        for (layout, extra, reps), (policy, options) in itertools.product(shapes, policies.items()):
+            if not isinstance(options, list) or not options or not all(isinstance(o, dict) for o in options):
+                raise ConfigError(f"{where}: grid.policies.{policy}={options!r}: allowed: a list of settings "
+                                  f"mappings ([{{}}]: as shipped)")
+            for settings in options:
+                over = [f"hardware={hw}", f"+policy={policy}", *extra,
+                        *(f"policy.{k}={v}" for k, v in sorted(settings.items()))]
+                text = _settings_text(settings)
+                key = f"{hw}-{layout}-{policy}-{text}".replace("=", "").replace(",", "_")
+                out.append(Deployment(key, tuple(over), tuple(reps), hw, layout, policy, text))
+    return out
+
+
+def _search_one(spec_overrides, dep: Deployment, criterion, seeds, search, prices, budget) -> dict:
+    """One deployment's record: skipped (with its reason) or its capacity, cost and latencies at capacity."""
+    gpus = sum(tp * pp for _, tp, pp in dep.replicas)
+    record = {"key": dep.key, "hardware": dep.hardware, "layout": dep.layout, "policy": dep.policy,
+              "settings": dep.settings, "gpus": gpus, "devices": "+".join(sorted({d for d, _, _ in dep.replicas})),
+              "overrides": list(dep.overrides)}
+    if gpus > budget:
+        return {**record, "status": "skipped", "reason": f"{gpus} GPUs over the budget of {budget}"}
+    try:
+        usd = hourly_cost(dep.replicas, prices)
+    except ConfigError as exc:
+        return {**record, "status": "skipped", "reason": str(exc)}
+    try:
+        with warnings.catch_warnings():  # each run's warnings (requests dropped, a paper's M off its GPU) once, in
+            warnings.simplefilter("ignore", UserWarning)  # the deployment's first simulation, not per probe
+            result = deployment_capacity(list(spec_overrides) + list(dep.overrides), criterion, seeds=seeds,
+                                         **search)
+    except KvStudyError as exc:  # the run refuses this deployment (weights that do not fit, ...): its one line
+        return {**record, "status": "skipped", "reason": str(exc).splitlines()[0], "usd_per_hour": usd}
+    status = "found" if result["found"] else result["statuses"][0]
+    reason = ""
+    if status == "above_range":  # it holds at max_rate: the capacity is at least that (ranked with that value)
+        result["mean"] = min(s["capacity"] for s in result["searches"])
+        reason = f"the criterion holds at max_rate={search['max_rate']:g}: the capacity is at least that"
+    elif status == "unreachable":
+        reason = f"the criterion fails at min_rate={search['min_rate']:g}: no rate serves it"
+    record.update(usd_per_hour=usd, status=status, reason=reason, capacity=result.get("mean"),
+                  capacity_min=result.get("min"), capacity_max=result.get("max"), capacity_std=result.get("std"),
+                  simulations=sum(len(s["probes"]) for s in result["searches"]),
+                  search_seconds=sum(p["seconds"] for s in result["searches"] for p in s["probes"]))
+    at = at_capacity(result["searches"][0]) if result["searches"] else {}
+    record.update(ttft_p90=at.get("ttft_p90", math.nan), tbt_p99=at.get("tbt_p99", math.nan),
+                  e2e_median=at.get("e2e_median", math.nan))
+    if record["capacity"]:
+        record["qps_per_usd_hour"] = record["capacity"] / usd
+        record["usd_per_million_requests"] = usd / (record["capacity"] * 3600) * 1e6
+    record["searches"] = result["searches"]
+    return record
+
+
+def _job(args):
+    return _search_one(*args)
+
+
+def run_grid(spec: Spec, out: Path, prices: Dict, jobs: int = 1, log=print) -> pd.DataFrame:
+    """Search every deployment of ``spec`` not already in ``out/deployments`` (resume), write each as it finishes,
+    then the table and the Pareto figure; returns the table."""
+    folder = out / "deployments"
+    folder.mkdir(parents=True, exist_ok=True)
+    todo, done = [], []
+    for dep in spec.deployments:
+        path = folder / f"{_file_key(dep.key)}.json"
+        if path.is_file():
+            done.append(json.loads(path.read_text()))
+        else:
+            todo.append(dep)
+    log(f"{len(spec.deployments)} deployments: {len(done)} found in {folder} (not searched again), {len(todo)} to "
+        f"search")
+    args = [(spec.overrides, dep, spec.criterion, spec.seeds, spec.search, prices, spec.gpu_budget) for dep in todo]
+    results = map(_job, args) if jobs <= 1 else ProcessPoolExecutor(max_workers=jobs).map(_job, args)
+    for dep, record in zip(todo, results):
+        write_text_atomic(folder / f"{_file_key(dep.key)}.json", json.dumps(record, indent=1, default=float) + "\n")
+        shown = (f"capacity {'>= ' if record['status'] == 'above_range' else ''}{record['capacity']:.3g} req/s, "
+                 f"${record['usd_per_hour']:.2f}/h" if record.get("capacity") else
+                 f"{record['status']}: {record.get('reason', '')}")
+        log(f"  {dep.key}: {shown}")
+        done.append(record)
+    table = results_table(done)
+    write_atomic(out / "results.parquet", lambda tmp: table.drop(columns=["searches"], errors="ignore")
+                 .to_parquet(tmp, index=False))
+    pareto_figure(table, out / "pareto.png", spec.criterion_text)
+    return table
+
+
+def _file_key(key: str) -> str:
+    """A deployment's file name: its key where it is short and plain, else a hash of it (a stable name either way)."""
+    plain = "".join(c if c.isalnum() or c in "-_." else "_" for c in key)
+    return plain if len(plain) <= 120 else hashlib.sha1(key.encode()).hexdigest()
+
+
+def results_table(records: List[dict]) -> pd.DataFrame:
+    """One row per deployment, the Pareto frontier of cost per request against TTFT p90 at capacity marked."""
+    table = pd.DataFrame(records)
+    for column in ("capacity", "usd_per_hour", "qps_per_usd_hour", "usd_per_million_requests", "ttft_p90"):
+        if column not in table:
+            table[column] = math.nan
+    table["pareto"] = False
+    found = table[table["capacity"].notna() & (table["capacity"] > 0)]
+    for i, row in found.iterrows():  # not dominated: no other is at most as costly and as slow, and better in one
+        cheaper = found["usd_per_million_requests"] <= row["usd_per_million_requests"]
+        faster = found["ttft_p90"] <= row["ttft_p90"]
+        strictly = (found["usd_per_million_requests"] < row["usd_per_million_requests"]) | \
+            (found["ttft_p90"] < row["ttft_p90"])
+        table.loc[i, "pareto"] = not (cheaper & faster & strictly).any()
+    return table.sort_values(["usd_per_million_requests", "key"], na_position="last").reset_index(drop=True)
+
+
+def best(table: pd.DataFrame) -> Optional[pd.Series]:
+    """The deployment with the most requests per second per dollar-hour (the cheapest per request) under the SLO."""
+    found = table[table["capacity"].notna() & (table["capacity"] > 0)]
+    return None if found.empty else found.sort_values(["qps_per_usd_hour", "key"], ascending=[False, True]).iloc[0]
+
+
+def pareto_figure(table: pd.DataFrame, path: Path, criterion: str) -> None:
+    """Cost per million requests against TTFT p90 at capacity, one point per deployment, the frontier joined."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    found = table[table["capacity"].notna() & (table["capacity"] > 0)]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for policy, part in found.groupby("policy"):
+        ax.scatter(part["usd_per_million_requests"], part["ttft_p90"], label=policy, s=18)
+    front = found[found["pareto"]].sort_values("usd_per_million_requests")
+    ax.plot(front["usd_per_million_requests"], front["ttft_p90"], color="black", lw=0.8, label="Pareto frontier")
+    for _, row in front.iterrows():
+        ax.annotate(row["key"], (row["usd_per_million_requests"], row["ttft_p90"]), fontsize=6)
+    ax.set_xlabel("US$ per million requests at capacity")
+    ax.set_ylabel("TTFT p90 at capacity (s)")
+    ax.set_title(f"deployments under {criterion}", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+    plt.close(fig)

@@ -1,0 +1,115 @@
+"""The grid search (issue 58; kvstudy/search/grid.py): deployments skipped with their reasons (over the budget, no
+price, weights that do not fit), a capacity for the rest, resume without searching again, the Pareto frontier, and a
+bad spec in one line."""
+import math
+
+import pandas as pd
+import pytest
+
+from kvstudy.errors import ConfigError
+from kvstudy.search import grid as grid_module
+from kvstudy.search.grid import best, read_spec, results_table, run_grid
+from kvstudy.search.prices import read_prices
+
+
+def _spec(tmp_path, body: str):
+    trace = tmp_path / "t.csv"
+    pd.DataFrame({"arrival_time": [0.0] * 200, "prompt_tokens": [200] * 200,
+                  "output_tokens": [100] * 200}).to_csv(trace, index=False)
+    path = tmp_path / "spec.yaml"
+    path.write_text(body.replace("TRACE", str(trace)))
+    return path
+
+
+SPEC = """
+overrides: [model=llama2_70b, latency=linear, memory=paged, memory.capacity_tokens=auto, workload=trace,
+            workload.path=TRACE, +demand=high]
+criterion: scheduling_delay:quantile=0.9,seconds=0.2
+gpu_budget: 2
+search: {start: 1.0, tolerance: 0.1, max_rate: 64}
+grid:
+  hardware: [a100_tp1, a100_tp2, h200_tp2]
+  replicas: [1, 2]
+  policies:
+    vllm: [{}]
+"""
+
+
+def test_a_grid_skips_with_reasons_finds_capacities_and_resumes(tmp_path, monkeypatch):
+    spec = read_spec(_spec(tmp_path, SPEC))
+    assert len(spec.deployments) == 6
+    out = tmp_path / "out"
+    lines = []
+    table = run_grid(spec, out, read_prices(), log=lines.append).set_index("key")
+    assert "does not fit on hardware 'a100_tp1'" in table.loc["a100_tp1-x1-vllm--", "reason"]
+    assert "does not fit on hardware 'a100_tp1'" in table.loc["a100_tp1-x2-vllm--", "reason"]  # 2 GPUs: in budget
+    assert table.loc["a100_tp2-x2-vllm--", "reason"] == "4 GPUs over the budget of 2"
+    assert "no price for GPU 'h200'" in table.loc["h200_tp2-x1-vllm--", "reason"]
+    found = table.loc["a100_tp2-x1-vllm--"]
+    assert found["status"] == "found" and found["capacity"] > 0 and found["gpus"] == 2
+    assert found["usd_per_hour"] == pytest.approx(2 * 2.4984)
+    assert found["qps_per_usd_hour"] == pytest.approx(found["capacity"] / found["usd_per_hour"])
+    assert best(table.reset_index())["key"] == "a100_tp2-x1-vllm--"
+    assert (out / "results.parquet").is_file() and (out / "pareto.png").is_file()
+    assert pd.read_parquet(out / "results.parquet").shape[0] == 6
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a finished deployment was searched again")
+
+    monkeypatch.setattr(grid_module, "deployment_capacity", refuse)
+    again = run_grid(spec, out, read_prices(), log=lines.append).set_index("key")
+    assert again.loc["a100_tp2-x1-vllm--", "capacity"] == found["capacity"]
+    assert "6 found in" in lines[-1] or any("6 found in" in x for x in lines)
+
+
+def test_the_pareto_frontier_keeps_the_deployments_nothing_beats_on_cost_and_latency():
+    records = [{"key": k, "policy": "p", "capacity": 1.0, "usd_per_hour": 1.0, "qps_per_usd_hour": 1.0,
+                "usd_per_million_requests": cost, "ttft_p90": ttft}
+               for k, cost, ttft in (("a", 1, 3), ("b", 2, 2), ("c", 3, 1), ("d", 3, 3), ("e", 2, 2.5))]
+    records.append({"key": "f", "policy": "p", "capacity": math.nan, "status": "skipped"})
+    table = results_table(records).set_index("key")
+    assert table["pareto"].to_dict() == {"a": True, "b": True, "c": True, "d": False, "e": False, "f": False}
+
+
+@pytest.mark.parametrize("body, message", [
+    ("overrides: []\ngrid: {hardware: [a100_tp2], replicas: [1], policies: {vllm: [{}]}}\nbudget: 4\n",
+     "budget: not a search setting; allowed: overrides, criterion"),
+    ("grid: {hardware: [b200_tp2], replicas: [1], policies: {vllm: [{}]}}\n",
+     "grid.hardware='b200_tp2': unknown hardware; allowed: a100_tp1"),
+    ("grid: {hardware: [a100_tp2], replicas: [0], policies: {vllm: [{}]}}\n",
+     "grid.replicas has 0; allowed: whole numbers >= 1"),
+    ("grid: {hardware: [a100_tp2], replicas: [1], policies: {vllm: {chunk_size: 2}}}\n",
+     "grid.policies.vllm={'chunk_size': 2}: allowed: a list of settings"),
+    ("grid: {hardware: [a100_tp2], replicas: [1], deployments: [p9d9], policies: {vllm: [{}]}}\n",
+     "grid.deployments='p9d9': unknown deployment"),
+    ("criterion: fast\ngrid: {hardware: [a100_tp2], replicas: [1], policies: {vllm: [{}]}}\n",
+     "criterion='fast': unknown criterion"),
+    ("search: {tolerance: 3}\ngrid: {hardware: [a100_tp2], replicas: [1], policies: {vllm: [{}]}}\n",
+     "search.tolerance=3: allowed"),
+    ("gpu_budget: 0\ngrid: {hardware: [a100_tp2], replicas: [1], policies: {vllm: [{}]}}\n",
+     "gpu_budget=0: allowed: a whole number of GPUs >= 1"),
+])
+def test_a_bad_spec_is_one_line(tmp_path, body, message):
+    path = tmp_path / "spec.yaml"
+    path.write_text(body)
+    with pytest.raises(ConfigError) as err:
+        read_spec(path)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_shipped_example_reads():
+    spec = read_spec("llama2_70b_conv_small")
+    assert len(spec.deployments) == 48  # 4 hardware x (3 replica counts + p1d3) x 3 policy settings
+    ha = [d for d in spec.deployments if d.layout == "p1d3" and d.hardware == "a100_tp4"][0]
+    assert sum(tp * pp for _, tp, pp in ha.replicas) == 16
+
+
+def test_the_command_line_prints_the_best_deployment(tmp_path, capsys):
+    from kvstudy.search.__main__ import main
+
+    path = _spec(tmp_path, SPEC)
+    assert main(["grid", str(path), "--out", str(tmp_path / "out")]) == 0
+    printed = capsys.readouterr().out
+    assert "best: a100_tp2-x1-vllm-- (2 GPUs, $5.00/h): capacity" in printed
+    assert main(["grid", str(path), "--out", str(tmp_path / "out"), "--jobs", "0"]) == 2
+    assert "--jobs=0: allowed: a whole number >= 1" in capsys.readouterr().err

@@ -143,13 +143,14 @@ def drive_split(prefill: Sequence, decode: Sequence, routers, arrival: Sequence[
             for d in unpulled_to[r]:  # decode replicas that will pull from r (and post the release of its blocks)
                 bound = min(bound, math.nextafter(clock[d], math.inf))
             return max(bound, least)
-        for p in range(n_p):  # a prefill replica's next handoff comes after its next decision
-            if clock[p] < bound:
-                bound = clock[p]
-            elif p in asleep and waits[p]:  # asleep with requests waiting for blocks, it wakes when a decode
-                for d in unpulled_to[p]:  # replica's pull frees some, then hands off (r's own pulls: r pauses
-                    if d != r:  # after each, kvstudy/engine/loop.py)
-                        bound = min(bound, math.nextafter(clock[d], math.inf))
+        for p in range(n_p):  # a prefill replica's next handoff ends an iteration that starts at its next decision
+            if clock[p] != math.inf:
+                if clock[p] + soonest[p] < bound:
+                    bound = clock[p] + soonest[p]
+            elif waits[p] and p in asleep:  # asleep with requests waiting for blocks, it wakes when a decode
+                for d in unpulled_to[p]:  # replica's pull has freed some (the transfer's end), then hands off
+                    if d != r:  # after an iteration (r's own pulls: r pauses after each, kvstudy/engine/loop.py)
+                        bound = min(bound, max(clock[d], links.free_at[p]) + soonest[p])
         pulls = math.inf
         for src in unpulled_from[r]:  # decode replicas pulling over the same link: their pulls in time order
             for d in unpulled_to[src]:
@@ -161,6 +162,10 @@ def drive_split(prefill: Sequence, decode: Sequence, routers, arrival: Sequence[
     for r in range(size):
         resume(r)  # each pauses first at its clock 0
     waits = [e.state.waiting for e in engines]  # an asleep prefill replica with none waiting wakes to nothing
+    links = engines[n_p].handoff.links if size > n_p else None  # the prefill replicas' links (SenderLinks)
+    # the least seconds of a prefill replica's iteration (its latency model's bound; 0: none known): a handoff comes
+    # at least that long after the decision that starts its iteration
+    soonest = [float(getattr(e.latency, "min_iteration_seconds", lambda: 0.0)()) for e in engines[:n_p]]
     states = [e.state.request_state for e in engines]
     for r in range(n_p):
         engines[r].state.hold = set()

@@ -55,6 +55,12 @@ class LatencyModel:
     def iteration_seconds(self, prefill_chunks: Chunks, num_decodes: int, decode_context_sum: int) -> float:
         raise NotImplementedError
 
+    def min_iteration_seconds(self) -> float:
+        """A lower bound on ``iteration_seconds`` of any iteration that computes at least one token (0: none known).
+        The disaggregated driver bounds how soon a prefill replica can hand off with it (kvstudy/cluster/
+        disaggregated.py); it must never exceed a real iteration's seconds."""
+        return 0.0
+
     def describe(self) -> dict:
         return {"name": self.name}
 
@@ -80,6 +86,9 @@ class LinearLatency(LatencyModel):
 
     def iteration_seconds(self, prefill_chunks, num_decodes, decode_context_sum) -> float:
         return self.d0 + self.d1 * (num_decodes + sum(c for c, _ in prefill_chunks))
+
+    def min_iteration_seconds(self) -> float:
+        return min(self.d0 + self.d1, self.d0)  # one token (d1 >= 0 by the schema; the smaller if not)
 
     def describe(self) -> dict:
         return {"name": self.name, "d0": self.d0, "d1": self.d1}
@@ -143,6 +152,9 @@ class VidurLatency(LatencyModel):
 
     def decode_run_seconds(self, num_decodes, decode_context_sum, count) -> list:
         return self.tables.decode_run_seconds(num_decodes, decode_context_sum, count)
+
+    def min_iteration_seconds(self) -> float:
+        return self.tables.min_iteration_seconds()
 
     def describe(self) -> dict:
         return {"name": self.name, **self.info}

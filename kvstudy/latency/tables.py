@@ -195,6 +195,17 @@ class VidurTables:
         ms = self.layers_per_stage * layer * stages + (stages - 1) * self.send_recv_ms.item(rounded)
         return ms * 1e-3
 
+    def min_iteration_seconds(self) -> float:
+        """A lower bound on ``iteration_seconds`` of any iteration of at least one token: the token-keyed ops at
+        their least over every rounded count (>= 8), the attention terms at 0, the hop at its least, combined as
+        ``iteration_seconds`` combines them; 0 (no bound) if a table holds a negative time."""
+        tables = (self.per_token_ms[8:], self.prefill_ms, self.decode_ms[1:], self.send_recv_ms[8:])
+        if any(t.size and float(t.min()) < 0.0 for t in tables):
+            return 0.0
+        hop = float(self.send_recv_ms[8:].min()) if self.stages > 1 else 0.0
+        layer = float(self.per_token_ms[8:].min())
+        return (self.layers_per_stage * layer * self.stages + (self.stages - 1) * hop) * 1e-3
+
     def decode_run_seconds(self, num_decodes: int, decode_context_sum: int, count: int) -> list:
         """``iteration_seconds`` of ``count`` decode-only iterations of the same ``num_decodes`` requests, the
         context sum growing by ``num_decodes`` in each, in one vectorised lookup (the engine's decode runs, issue 47).

@@ -88,7 +88,7 @@ class LinearLatency(LatencyModel):
         return self.d0 + self.d1 * (num_decodes + sum(c for c, _ in prefill_chunks))
 
     def min_iteration_seconds(self) -> float:
-        return min(self.d0 + self.d1, self.d0)  # one token (d1 >= 0 by the schema; the smaller if not)
+        return self.d0 + self.d1 if self.d1 >= 0 else 0.0  # one token; no bound if a token could cost less than 0
 
     def describe(self) -> dict:
         return {"name": self.name, "d0": self.d0, "d1": self.d1}

@@ -426,3 +426,32 @@ def test_the_timeline_shows_the_handoff_and_the_pull(tmp_path):
     assert second.end[2] == pytest.approx(req.loc[0, "completion_time"], abs=1e-12)
     ax = timeline.gantt(res)
     assert "KV pull" in [t.get_text() for t in ax.get_legend().get_texts()]
+
+
+def test_the_latency_models_least_iteration_time_bounds_every_iteration():
+    """``min_iteration_seconds`` (the soonest a prefill replica can hand off after a decision) never exceeds an
+    iteration's seconds: Vidur's tables over a run of every iteration kind (Llama2-70B, A100 TP=2), and the linear
+    model's d0 + d1 exactly at one token."""
+    import kvstudy.running.assemble as assemble
+    from kvstudy.latency.models import LinearLatency
+
+    built = []
+    original = assemble.build_latency
+
+    def spy(*args, **kwargs):
+        built.append(original(*args, **kwargs))
+        return built[-1]
+
+    try:
+        assemble.build_latency = spy
+        res = _run("+policy=sarathi", "memory=paged", "+demand=high", "workload.num_requests=150",
+                   "engine.progress=false")
+    finally:
+        assemble.build_latency = original
+    bound = built[-1].min_iteration_seconds()
+    it = res.iterations
+    computing = it[(it["prefill_tokens"] + it["decode_tokens"]) > 0]
+    assert 0.0 < bound <= computing["duration"].min()
+    assert bound > 0.5 * computing["duration"].min()  # not a trivial bound
+    linear = LinearLatency(d0=0.02, d1=0.001)
+    assert linear.min_iteration_seconds() == linear.iteration_seconds([(1, 0)], 0, 0) == pytest.approx(0.021)

@@ -163,6 +163,8 @@ def deployment_capacity(overrides: Sequence[str], criterion, seeds: Sequence[int
     for seed in seeds:
         def measure(rate: float, seed=seed):
             res, summary = api.simulate(api.compose(base + [f"{knob}={rate!r}", f"seed={seed}"]))
+            if summary.get("status") == "interrupted":  # Ctrl-C inside the run: the search stops, nothing recorded
+                raise KeyboardInterrupt
             holds, value = criterion.measure(res.requests)
             return holds, value, summary.get("status", "completed"), latencies(summary)
 

@@ -253,14 +253,23 @@ def run_grid(spec: Spec, out: Path, prices: Dict, jobs: int = 1, log=print) -> p
     log(f"{len(spec.deployments)} deployments: {len(done)} found in {folder} (not searched again), {len(todo)} to "
         f"search")
     args = [(spec.overrides, dep, spec.criterion, spec.seeds, spec.search, prices, spec.gpu_budget) for dep in todo]
-    results = map(_job, args) if jobs <= 1 else ProcessPoolExecutor(max_workers=jobs).map(_job, args)
-    for dep, record in zip(todo, results):
-        write_text_atomic(folder / f"{_file_key(dep.key)}.json", json.dumps(record, indent=1, default=float) + "\n")
-        shown = (f"capacity {'>= ' if record['status'] == 'above_range' else ''}{record['capacity']:.3g} req/s, "
-                 f"${record['usd_per_hour']:.2f}/h" if record.get("capacity") else
-                 f"{record['status']}: {record.get('reason', '')}")
-        log(f"  {dep.key}: {shown}")
-        done.append(record)
+    pool = ProcessPoolExecutor(max_workers=jobs) if jobs > 1 and len(todo) > 1 else None
+    try:
+        for dep, record in zip(todo, pool.map(_job, args) if pool else map(_job, args)):
+            write_text_atomic(folder / f"{_file_key(dep.key)}.json",
+                              json.dumps(record, indent=1, default=float) + "\n")
+            shown = (f"capacity {'>= ' if record['status'] == 'above_range' else ''}{record['capacity']:.3g} req/s, "
+                     f"${record['usd_per_hour']:.2f}/h" if record.get("capacity") else
+                     f"{record['status']}: {record.get('reason', '')}")
+            log(f"  {dep.key}: {shown}")
+            done.append(record)
+    except KeyboardInterrupt:  # Ctrl-C: what finished is on disk; the same command resumes from it
+        log(f"interrupted: {len(done)} of {len(spec.deployments)} deployments written in {folder}; run the same "
+            f"command again to go on")
+        raise
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
     table = results_table(done)
     write_atomic(out / "results.parquet", lambda tmp: table.drop(columns=["searches"], errors="ignore")
                  .to_parquet(tmp, index=False))

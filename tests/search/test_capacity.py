@@ -174,3 +174,14 @@ def test_a_bad_price_table_is_one_line(tmp_path, text, message):
     with pytest.raises(KvStudyError) as err:
         read_prices(path)
     assert message in str(err.value) and str(path) in str(err.value) and "\n" not in str(err.value)
+
+
+def test_an_interrupted_simulation_stops_the_search_without_a_result(monkeypatch):
+    """Ctrl-C inside a run ends it with status 'interrupted' (the engine keeps what it did); the search must not read
+    that partial run as a probe: it stops (KeyboardInterrupt), and the grid writes nothing for the deployment."""
+    from kvstudy import api
+
+    monkeypatch.setattr(api, "compose", lambda overrides: overrides)
+    monkeypatch.setattr(api, "simulate", lambda cfg: (None, {"status": "interrupted"}))
+    with pytest.raises(KeyboardInterrupt):
+        deployment_capacity(["+policy=vllm"], SchedulingDelay(), start=1.0)

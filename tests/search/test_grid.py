@@ -113,3 +113,25 @@ def test_the_command_line_prints_the_best_deployment(tmp_path, capsys):
     assert "best: a100_tp2-x1-vllm-- (2 GPUs, $5.00/h): capacity" in printed
     assert main(["grid", str(path), "--out", str(tmp_path / "out"), "--jobs", "0"]) == 2
     assert "--jobs=0: allowed: a whole number >= 1" in capsys.readouterr().err
+
+
+def test_ctrl_c_keeps_the_finished_deployments_and_says_how_to_go_on(tmp_path, monkeypatch):
+    spec = read_spec(_spec(tmp_path, SPEC.replace("hardware: [a100_tp1, a100_tp2, h200_tp2]",
+                                                  "hardware: [a100_tp2, h100_tp2]").replace("gpu_budget: 2",
+                                                                                             "gpu_budget: 8")))
+    calls = []
+
+    def fake(overrides, criterion, seeds, **search):
+        calls.append(overrides)
+        if len(calls) > 1:
+            raise KeyboardInterrupt
+        return {"found": 1, "statuses": ["found"], "mean": 2.0, "min": 2.0, "max": 2.0, "std": 0.0,
+                "searches": [{"capacity": 2.0, "failing": 2.2, "status": "found", "probes": []}]}
+
+    monkeypatch.setattr(grid_module, "deployment_capacity", fake)
+    lines = []
+    with pytest.raises(KeyboardInterrupt):
+        run_grid(spec, tmp_path / "out", read_prices(), log=lines.append)
+    written = list((tmp_path / "out" / "deployments").glob("*.json"))
+    assert len(written) == 1
+    assert lines[-1].startswith("interrupted: 1 of 4 deployments written") and "run the same command again" in lines[-1]

@@ -410,6 +410,7 @@ def run_vidur_simulator(arch: ModelArch, hw: HardwareSpec, files: ProfileFiles, 
     if per_request:
         requests.sort(key=lambda q: q.id)
         out["requests"] = {"arrival": [q.arrived_at for q in requests],
+                           "scheduled": [q.scheduled_at if q.scheduled else float("nan") for q in requests],
                            "first_token": [q.prefill_completed_at for q in requests],
                            "completion": [q._completed_at if q.completed else float("nan") for q in requests],
                            "restarts": [q._num_restarts for q in requests],

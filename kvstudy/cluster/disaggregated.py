@@ -81,9 +81,8 @@ def drive_split(prefill: Sequence, decode: Sequence, routers, arrival: Sequence[
     clock = [math.inf] * size  # each awake replica's next decision (inf: asleep or done)
     asleep: set = set()
     # handed-off requests routed to a decode replica and not pulled yet: by prefill replica -> {decode replica: how
-    # many}, and by decode replica -> {prefill replica: how many} (who can reach whom, module docstring)
-    unpulled_to = [dict() for _ in range(size)]
-    unpulled_from = [dict() for _ in range(size)]
+    # many} (who can reach whom, module docstring)
+    unpulled_to = [dict() for _ in range(n_p)]
     hand: list = []  # handoffs due: (prefill's end, seq, request, prefill replica)
     alarms: list = []  # (time, replica): a sleeping replica with an event posted for then
     chosen = {}  # request -> its decode replica, picked at arrival (decode_first, the prefix decider)
@@ -130,7 +129,6 @@ def drive_split(prefill: Sequence, decode: Sequence, routers, arrival: Sequence[
             for i, src, end in started:
                 post(src, end, "release", i)
                 _less(unpulled_to[src], r)
-                _less(unpulled_from[r], src)
             started.clear()
 
     def horizon(r: int, t: float, due: float) -> float:
@@ -152,10 +150,11 @@ def drive_split(prefill: Sequence, decode: Sequence, routers, arrival: Sequence[
                     if d != r:  # after an iteration (r's own pulls: r pauses after each, kvstudy/engine/loop.py)
                         bound = min(bound, max(clock[d], links.free_at[p]) + soonest[p])
         pulls = math.inf
-        for src in unpulled_from[r]:  # decode replicas pulling over the same link: their pulls in time order
-            for d in unpulled_to[src]:
-                if d != r:
-                    pulls = min(pulls, clock[d] if d < r else math.nextafter(clock[d], math.inf))
+        for pullers in unpulled_to:  # decode replicas pulling over the same link as r: their pulls in time order
+            if r in pullers:
+                for d in pullers:
+                    if d != r:
+                        pulls = min(pulls, clock[d] if d < r else math.nextafter(clock[d], math.inf))
         engines[r].pull_limit = max(pulls, least)
         return max(bound, least)
 
@@ -224,7 +223,6 @@ def drive_split(prefill: Sequence, decode: Sequence, routers, arrival: Sequence[
         split.final[i], split.handed_at[i] = d, e
         engines[d].handoff.source[i] = src
         unpulled_to[src][d] = unpulled_to[src].get(d, 0) + 1
-        unpulled_from[d][src] = unpulled_from[d].get(src, 0) + 1
         views[d].pending += 1
         post(d, e, "arrive", i, (e, engines[src].state.first_scheduled[i]))
 

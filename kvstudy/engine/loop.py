@@ -236,7 +236,7 @@ class StepEngine:
                     t, dt, stamp, finished, kv, run = went
                     step, produced = step + run - 1, True
                     if not finished and t + dt >= horizon:
-                        carry = (t, dt, stamp, kv - len(running), len(running), st.decode_prompt_tokens)
+                        carry = self._stop_point(t, dt, stamp, kv)
                 else:
                     d, decode_only, seconds = self._decide(view, check, step, t, name, overflow)  # 3. decide, check
                     if d is None:  # 2. clear: the running requests' need overflows the memory (the policy's hook)
@@ -255,7 +255,7 @@ class StepEngine:
                         t, dt, stamp, finished, kv, run = self._decode_run(t, limit, most, spare)
                         step, produced = step + run - 1, True
                         if carries and not finished and not swapped and run < most and t + dt >= horizon:
-                            carry = (t, dt, stamp, kv - len(running), len(running), st.decode_prompt_tokens)
+                            carry = self._stop_point(t, dt, stamp, kv)
                     else:
                         if cluster and st.supplied and t >= self.pull_limit:  # it may pull: after the earlier pulls
                             horizon = yield t
@@ -503,10 +503,15 @@ class StepEngine:
         run = 1
         if not finished and run < max_run and t + dt < limit:
             t, dt, stamp, finished, ctx, run = self._run_on(t, dt, stamp, ctx, n, prompts, limit, max_run, spare)
-        left_ctx, left_prompts = self._leave_clock(finished) if finished else (0, 0)
-        st.decode_context_tokens = ctx + n - left_ctx
-        st.decode_prompt_tokens = prompts - left_prompts
-        return t, dt, stamp, finished, ctx + n, run
+        return t, dt, stamp, finished, self._settle_run(finished, ctx, n, prompts), run
+
+    def _stop_point(self, t: float, dt: float, stamp: float, kv: int) -> tuple:
+        """Where a decode run the driver's horizon cut stopped, for ``_go_on``: its last iteration's start, seconds
+        and stamp (that iteration's decoders held ``kv`` tokens), their context before it, how many decode, their
+        prompts."""
+        st = self.state
+        n = len(st.running)
+        return t, dt, stamp, kv - n, n, st.decode_prompt_tokens
 
     def _go_on(self, carry: tuple, limit: float, max_run: int, spare: int):
         """A decode replica's decode run that stopped at the disaggregated driver's horizon (kvstudy/cluster/
@@ -518,11 +523,17 @@ class StepEngine:
         t, dt, stamp, finished, ctx, run = self._run_on(t, dt, stamp, ctx, n, prompts, limit, max_run, spare)
         if run == 1:
             return None
+        return t, dt, stamp, finished, self._settle_run(finished, ctx, n, prompts), run - 1
+
+    def _settle_run(self, finished, ctx: int, n: int, prompts: int) -> int:
+        """A decode run's end: the requests that finished in its last iteration leave the clock and the running
+        aggregates (its ``n`` decoders held ``ctx`` tokens of context before that iteration, ``prompts`` of prompt).
+        Returns the last iteration's decoders' KV tokens."""
         st = self.state
         left_ctx, left_prompts = self._leave_clock(finished) if finished else (0, 0)
         st.decode_context_tokens = ctx + n - left_ctx
         st.decode_prompt_tokens = prompts - left_prompts
-        return t, dt, stamp, finished, ctx + n, run - 1
+        return ctx + n
 
     def _run_on(self, t: float, dt: float, stamp: float, ctx: int, n: int, prompts: int, limit: float,
                 max_run: int, spare: int):

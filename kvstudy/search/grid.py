@@ -44,6 +44,7 @@ from typing import Dict, List, Optional
 import pandas as pd
 from omegaconf import OmegaConf
 
+from kvstudy.cluster.pools import read_pools
 from kvstudy.errors import ConfigError, KvStudyError
 from kvstudy.running.atomic import write_atomic, write_text_atomic
 from kvstudy.search.capacity import at_capacity, check_search, deployment_capacity
@@ -95,17 +96,18 @@ def _hardware(name: str, where: str) -> tuple:
     return str(raw.device), int(raw.tensor_parallel), int(raw.pipeline_parallel)
 
 
-def _pools(option: str, where: str) -> List[tuple]:
-    """A deployment option's pools as (replicas, hardware option or None: the run's)."""
+def _replica_hardware(option: str, where: str) -> List[Optional[str]]:
+    """A deployment option's replicas, each as its hardware option (None: the run's), read as a run reads its pools
+    (kvstudy/cluster/pools.py ``read_pools``)."""
     path = _conf_dir() / "deployment" / f"{option}.yaml"
     if not path.is_file():
         options = sorted(p.stem for p in path.parent.glob("*.yaml"))
         raise ConfigError(f"{where}={option!r}: unknown deployment; allowed: {', '.join(options)}")
     cluster = OmegaConf.to_container(OmegaConf.load(path)).get("cluster", {})
-    pools = cluster.get("pools") or {}
-    if not pools:
-        return [(int(cluster.get("replicas", 1)), None)]
-    return [(int(p["replicas"]), p.get("hardware")) for p in pools.values()]
+    pools = read_pools(cluster)
+    if pools is None:
+        return [None] * int(cluster.get("replicas", 1))
+    return [hw for pool in pools for hw in pool.hardware]
 
 
 def _settings_text(settings: dict) -> str:
@@ -176,10 +178,8 @@ def _deployments(grid: dict, where: str) -> List[Deployment]:
         device, tp, pp = _hardware(hw, f"{where}: grid.hardware")
         shapes = [(f"x{n}", [f"cluster.replicas={n}"] if n > 1 else [], [(device, tp, pp)] * n) for n in replicas]
         for layout in layouts:
-            pools = _pools(layout, f"{where}: grid.deployments")
-            reps = []
-            for count, own in pools:
-                reps += [_hardware(own, f"{where}: {layout}") if own else (device, tp, pp)] * count
+            reps = [_hardware(own, f"{where}: {layout}") if own else (device, tp, pp)
+                    for own in _replica_hardware(layout, f"{where}: grid.deployments")]
             shapes.append((layout, [f"+deployment={layout}"], reps))
         for (layout, extra, reps), (policy, options) in itertools.product(shapes, policies.items()):
             if not isinstance(options, list) or not options or not all(isinstance(o, dict) for o in options):

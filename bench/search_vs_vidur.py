@@ -3,12 +3,14 @@ found by kvstudy's bisection (kvstudy/search/capacity.py ``search_rate``) over k
 simulator on the same requests, model, hardware, profiles and trained predictor (bench/vs_vidur.py's settings, the
 ``aligned`` mode), and the wall time of each search.
 
-    python bench/search_vs_vidur.py [N] [HARDWARE ...]   # N Splitwise conversation requests (default 1,000),
-                                                         # hardware options (default a100_tp2 a100_tp4)
+    python bench/search_vs_vidur.py [N] [HARDWARE[:ppK] ...]   # N Splitwise conversation requests (default 1,000),
+                                                         # hardware options (default a100_tp2 a100_tp4), each with
+                                                         # K pipeline stages when suffixed :ppK (a100_tp2:pp2)
 
-Prints one Markdown row per deployment (hardware x vLLM / Sarathi with chunks of 256 and 512): both capacities, their
-difference, both searches' simulations and seconds, then the ranking of each side. Pipeline parallelism is not in
-the grid: kvstudy does not yet keep one batch in flight per stage (issue 58, item 1).
+Prints one Markdown row per deployment (hardware x PP x vLLM / Sarathi with chunks of 256 and 512): both capacities,
+their difference, both searches' simulations and seconds, then the ranking of each side, whether the top 3 agree,
+and both searches' wall time in all with their ratio. Pipeline stages run as Vidur runs them (kvstudy/engine/
+pipeline.py), with the KV capacity per stage kept at 16,492 tokens as at PP=1 (bench/vs_vidur.py's setting).
 """
 import subprocess
 import sys
@@ -42,7 +44,8 @@ def delay_p99(arrival, scheduled):
 def setup(hardware, scheduler, chunk):
     from kvstudy import api
 
-    overrides = [f"hardware={hardware}", f"+policy={scheduler}", "engine.progress=false",
+    hardware, _, pp = hardware.partition(":pp")
+    overrides = [f"hardware={hardware}", f"hardware.pipeline_parallel={int(pp or 1)}", f"+policy={scheduler}", "engine.progress=false",
                  f"memory.capacity_tokens={CAPACITY}", f"memory.block_size={BLOCK}", "policy.running_order=arrival",
                  f"policy.max_num_seqs={VIDUR_CAP}"]
     overrides.append(f"policy.max_num_batched_tokens={TOKENS_IN_BATCH}" if scheduler == "vllm"
@@ -110,7 +113,7 @@ def main(argv):
     n = int(argv[0]) if argv else 1000
     hardware = argv[1:] or ["a100_tp2", "a100_tp4"]
     prompt, output = lengths(n)
-    rows = []
+    rows, total = [], [0, 0.0, 0, 0.0]
     print(f"{n} Splitwise conversation requests, Poisson arrivals (seed 0), criterion: scheduling delay p{QUANTILE * 100:g}"
           f" <= {SECONDS:g} s, tolerance {TOLERANCE:.0%}\n")
     print("| deployment | kvstudy req/s | Vidur req/s | difference | kvstudy sims / s | Vidur sims / s |")
@@ -127,12 +130,18 @@ def main(argv):
             theirs_s = time.perf_counter() - t0
             diff = 100 * (ours.capacity / theirs.capacity - 1) if ours.capacity and theirs.capacity else float("nan")
             rows.append((name, ours.capacity, theirs.capacity))
+            total = [total[0] + len(ours.probes), total[1] + ours_s, total[2] + len(theirs.probes), total[3] + theirs_s]
             print(f"| {name} | {ours.capacity:.3g} ({ours.status}) | {theirs.capacity:.3g} ({theirs.status}) | "
                   f"{diff:+.1f}% | {len(ours.probes)} / {ours_s:.1f} | {len(theirs.probes)} / {theirs_s:.1f} |",
                   flush=True)
+    tops = []
     for side, k in (("kvstudy", 1), ("Vidur", 2)):
-        ranked = [r[0] for r in sorted(rows, key=lambda r: -(r[k] or 0))]
+        ranked = [r[0] for r in sorted(rows, key=lambda r: (-(r[k] or 0), r[0]))]
+        tops.append(ranked[:3])
         print(f"{side} ranking: {', '.join(ranked)}")
+    print(f"top 3 the same: {tops[0] == tops[1]}")
+    print(f"whole search: kvstudy {total[0]} simulations in {total[1]:.1f} s, Vidur {total[2]} in {total[3]:.1f} s: "
+          f"{total[3] / total[1]:.0f}x")
     return 0
 
 

@@ -8,6 +8,8 @@
                                          # one replica; R one of round_robin, random, lor)
     python bench/vs_vidur.py cluster [N] [REPLICAS] [WORKLOAD ...]   # issue 37: N requests (10,000) on REPLICAS (4)
                                          # replicas behind Vidur's three global schedulers and kvstudy's routers
+    python bench/vs_vidur.py pp [N] [PP ...] [WORKLOAD ...]   # issue 58: pipeline parallelism, N requests (3,000) on
+                                         # a100_tp2 with PP stages (2 and 4), KV per stage as at PP=1
     python bench/vs_vidur.py --one ENGINE WORKLOAD N SCHEDULER MODE   (internal: one run in a fresh process)
 
 Both sides: Llama2-70B on a100_tp2, KV capacity 16,492 tokens in blocks of 16 (1,030 blocks), watermark 1%,
@@ -60,6 +62,13 @@ class VidurKeys:
     def decode_run_seconds(self, num_decodes, decode_context_sum, count):
         return self.inner.decode_run_seconds(num_decodes, decode_context_sum + 2 * num_decodes, count)
 
+    @property
+    def stages(self):
+        return self.inner.stages
+
+    def hop_seconds(self, tokens):
+        return self.inner.hop_seconds(tokens)
+
     def describe(self):
         return {**self.inner.describe(), "keys": "vidur"}
 
@@ -101,13 +110,13 @@ ROUTER_NAMES = {"round_robin": "round_robin", "random": "random", "lor": "least_
 
 
 def one(engine: str, workload: str, n: int, scheduler: str, mode: str, replicas: int = 1,
-        router: str = "round_robin") -> dict:
+        router: str = "round_robin", pp: int = 1) -> dict:
     from kvstudy import api
     from kvstudy.latency.models import profile_files
 
     arrival, prompt, output = requests(workload, n, replicas)
     overrides = [f"+policy={scheduler}", "engine.progress=false", f"memory.capacity_tokens={CAPACITY}",
-                 f"memory.block_size={BLOCK}"]
+                 f"memory.block_size={BLOCK}", f"hardware.pipeline_parallel={pp}"]
     if scheduler == "vllm":
         overrides.append(f"policy.max_num_batched_tokens={TOKENS_IN_BATCH}")
     else:
@@ -164,14 +173,16 @@ def one(engine: str, workload: str, n: int, scheduler: str, mode: str, replicas:
         if replicas > 1:
             out["replica"] = q["replica"]
     out["run_peak_mb"] = _status_mb("VmHWM")
-    out.update(engine=engine, workload=workload, n=n, scheduler=scheduler, mode=mode, replicas=replicas, router=router)
+    out.update(engine=engine, workload=workload, n=n, scheduler=scheduler, mode=mode, replicas=replicas, router=router,
+               pp=pp)
     return out
 
 
 def measure(engine, workload, n, scheduler="vllm", mode="vllm_semantics", timeout=3600, replicas=1,
-            router="round_robin"):
+            router="round_robin", pp=1):
     t0 = time.perf_counter()
-    args = [sys.executable, __file__, "--one", engine, workload, str(n), scheduler, mode, str(replicas), router]
+    args = [sys.executable, __file__, "--one", engine, workload, str(n), scheduler, mode, str(replicas), router,
+            str(pp)]
     try:
         proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -216,6 +227,35 @@ def agree(n: int, workloads=("splitwise_conv", "lmsys")) -> None:
                   f" | {k['preemptions']} ({v['preemptions']}; {_pct(k['preemptions'], v['preemptions'])}) | "
                   f"{k['run_seconds']:.2f} ({v['run_seconds']:.2f}; {v['run_seconds'] / k['run_seconds']:.1f}x) |",
                   flush=True)
+
+
+def pipeline(n: int = 3000, stages=(2, 4), workloads=("splitwise_conv", "lmsys"),
+             modes=("vllm_semantics", "aligned")) -> None:
+    """Issue 58: pipeline parallelism against Vidur's own simulator. Llama2-70B on a100_tp2 with ``stages`` pipeline
+    stages (2x2 and 4x2 A100s), the KV capacity per stage kept at PP=1's (16,492 tokens), vLLM and Sarathi; makespan,
+    median TTFT and median e2e per stage count, with PP=1 as the reference row."""
+    for workload in workloads:
+        rows = []
+        for pp in (1, *stages):
+            for scheduler in ("vllm", "sarathi"):
+                v = measure("vidur", workload, n, scheduler, "vidur", pp=pp)
+                print(json.dumps(v), flush=True)
+                for mode in modes:
+                    k = measure("kvstudy", workload, n, scheduler, mode, pp=pp)
+                    print(json.dumps(k), flush=True)
+                    rows.append((pp, scheduler, mode, k, v))
+        print(f"\n{WORKLOADS[workload].format(n=n)}; Llama2-70B, a100_tp2 x PP stages, {CAPACITY} tokens in blocks of "
+              f"{BLOCK}\n")
+        print("| PP | scheduler | kvstudy setting | makespan s (Vidur) | median TTFT s (Vidur) | median e2e s (Vidur) | "
+              "run s (Vidur) |")
+        print("|---|---|---|---|---|---|---|")
+        for pp, scheduler, mode, k, v in rows:
+            if not k.get("run_seconds") or not v.get("run_seconds"):
+                print(f"| {pp} | {scheduler} | {mode} | failed: {k.get('note') or v.get('note')} |")
+                continue
+            cells = [f"{k[m]:.2f} ({v[m]:.2f}; {_pct(k[m], v[m])})" for m in ("makespan", "median_ttft", "median_e2e")]
+            print(f"| {pp} | {scheduler} | {mode} | " + " | ".join(cells) +
+                  f" | {k['run_seconds']:.2f} ({v['run_seconds']:.2f}) |", flush=True)
 
 
 def cluster(n: int, replicas: int = 4, workloads=("splitwise_conv",), modes=("vllm_semantics", "aligned")) -> None:
@@ -304,7 +344,12 @@ def speed(plan=None, router: str = "round_robin", scheduler: str = "vllm") -> No
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--one":
         print(json.dumps(one(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], sys.argv[6],
-                             *([int(sys.argv[7]), sys.argv[8]] if len(sys.argv) > 8 else []))))
+                             *([int(sys.argv[7]), sys.argv[8]] if len(sys.argv) > 8 else []),
+                             *([int(sys.argv[9])] if len(sys.argv) > 9 else []))))
+    elif len(sys.argv) > 1 and sys.argv[1] == "pp":
+        rest = sys.argv[3:]
+        pipeline(int(sys.argv[2]) if len(sys.argv) > 2 else 3000, tuple(int(a) for a in rest if a.isdigit()) or (2, 4),
+                 tuple(a for a in rest if not a.isdigit()) or ("splitwise_conv", "lmsys"))
     elif len(sys.argv) > 1 and sys.argv[1] == "cluster":
         cluster(int(sys.argv[2]) if len(sys.argv) > 2 else 10000, int(sys.argv[3]) if len(sys.argv) > 3 else 4,
                 tuple(sys.argv[4:]) or ("splitwise_conv",))

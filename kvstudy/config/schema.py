@@ -348,7 +348,8 @@ SCHEMA: Dict[str, Group] = {
     }),
     "latency": Group({"name": NAME}, by="_target_", options={
         "kvstudy.latency.models.UnitLatency": {},
-        "kvstudy.latency.models.LinearLatency": {"d0": SECONDS, "d1": number(ge=0.0, le=1e3, unit="seconds per token")},
+        "kvstudy.latency.models.LinearLatency": {"d0": SECONDS, "d1": number(ge=0.0, le=1e3, unit="seconds per token"),
+                                                 "hop": SECONDS},
         "kvstudy.latency.models.McsfAuthorsLatency": {"per_context_ms": MS, "per_job_ms": MS, "intercept_ms": MS,
                                                       "per_prompt_token_ms": MS},
         "kvstudy.latency.models.vidur": {

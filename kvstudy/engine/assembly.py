@@ -26,6 +26,7 @@ def build_engine(requests, predicted, policy, latency, memory, swap, arch, hardw
     check_group("engine", {"overflow_cost": overflow_cost, "arrivals": arrivals, "max_batch": max_batch,
                            "raise_prediction_on_eviction": raise_prediction_on_eviction})
     check_pairing(policy, memory, max_batch, raise_prediction_on_eviction, overflow_cost, arrivals)
+    check_stages(latency, memory, hardware)
     if not getattr(policy, "preemptive", False):
         policy = Admission(policy, max_batch=max_batch, raise_on_eviction=raise_prediction_on_eviction)
     return StepEngine(requests, predicted, policy, latency, memory, swap, arch, hardware,
@@ -69,3 +70,21 @@ def check_pairing(policy, memory, max_batch, raise_prediction_on_eviction: bool,
         which = "memory.prefix_caching=true" if memory.prefix_caching else f"memory={memory.name}"
         raise ConfigError(f"policy '{name}' embeds requests in others' blocks (policy.embedding=true), which "
                           f"{which} does not model; set policy.embedding=false")
+
+
+def check_stages(latency, memory, hardware) -> None:
+    """Pipeline parallelism (``hardware.pipeline_parallel`` > 1) keeps batches in flight (kvstudy/engine/pipeline.py):
+    the latency model must time those stages (``latency=vidur``, whose tables are trained for them, or
+    ``latency=linear``, whose d0 + d1 x tokens is one stage's compute) and the memory must count KV blocks
+    (``memory=paged``: the paper's constraint (3) has no batches in flight)."""
+    pp = int(getattr(hardware, "pipeline_parallel", 1) or 1)
+    stages = int(getattr(latency, "stages", 1) or 1)
+    name = getattr(latency, "name", type(latency).__name__)
+    if pp > 1 and stages != pp:
+        raise ConfigError(f"hardware.pipeline_parallel={pp}: latency={name} times {stages} pipeline stage(s); "
+                          f"allowed with pipeline parallelism: latency=vidur or latency=linear")
+    if stages > 1 and pp == 1 and hardware is not None:
+        raise ConfigError(f"latency={name} times {stages} pipeline stages but hardware.pipeline_parallel=1")
+    if stages > 1 and not memory.tracks_blocks:
+        raise ConfigError(f"hardware.pipeline_parallel={pp} keeps batches in flight, which memory={memory.name} "
+                          f"does not model; allowed: memory=paged")

@@ -13,7 +13,7 @@ import numpy as np
 from kvstudy.engine.states import RUNNING, SWAPPED, WAITING, PolicyError
 from kvstudy.policies.step import SWAP, Decision
 
-STATE_NAMES = ("future", "waiting", "running", "done", "rejected", "swapped", "elsewhere")
+STATE_NAMES = ("future", "waiting", "running", "done", "rejected", "swapped", "elsewhere", "in_flight")
 
 
 def check_decision(engine, d: Decision, name: str) -> None:

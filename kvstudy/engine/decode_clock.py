@@ -98,9 +98,12 @@ class DecodeClock:
         due = self.grow_at.get(self.ticks)
         if not due:
             return set()
-        held, s, bs = self.held, self.s, self.bs
+        held, s, bs, on_clock = self.held, self.s, self.bs, self.on_clock
         D = self.ticks
-        return {i for i in due if self.on_clock[i] and s[i] + self.tokens[i] + D - self.joined_at[i] > held.get(i, 0) * bs}
+        # entries of requests that left the clock (or joined it again) since they were scheduled are dropped here:
+        # steps that decode a list (no tick) would otherwise pile them up at this count and walk them every step
+        due = self.grow_at[D] = list(dict.fromkeys(i for i in due if on_clock[i]))
+        return {i for i in due if s[i] + self.tokens[i] + D - self.joined_at[i] > held.get(i, 0) * bs}
 
     def grow_if_room(self, hold, room: int) -> bool:
         """This count's growing requests (``growing``) take their blocks (``grow``) if they are at most ``room``;

@@ -61,8 +61,10 @@ import numpy as np
 from kvstudy.engine import records
 from kvstudy.engine.check import check_decision, located
 from kvstudy.engine.events import EventLog
+from kvstudy.engine.pipeline import InFlight, Pipeline
 from kvstudy.engine.state import RunState
-from kvstudy.engine.states import DONE, FUTURE, REJECTED, RUNNING, WAITING, EngineResult, PolicyError, interrupted_message
+from kvstudy.engine.states import (DONE, FUTURE, IN_FLIGHT, REJECTED, RUNNING, WAITING, EngineResult, PolicyError,
+                                   interrupted_message)
 from kvstudy.engine.transitions import Transitions
 from kvstudy.errors import KvStudyError
 from kvstudy.costs.swap_models import SwapModel, kv_bytes_per_gpu
@@ -116,6 +118,10 @@ class StepEngine:
         #: a decode replica's decision that may pull a handed-off request's KV at or past this time waits before it is
         #: carried out until the driver resumes it (pulls over one link happen in time order; the driver sets it)
         self.pull_limit = math.inf
+        #: pipeline stages the latency model times (kvstudy/engine/pipeline.py: more than one keeps up to that many
+        #: batches in flight, as Vidur's replicas do); assembly.py checks it against hardware.pipeline_parallel
+        self.stages = int(getattr(latency, "stages", 1) or 1)
+        self.pipe = None
 
     @staticmethod
     def _timer(latency, needs_generated: bool):
@@ -168,6 +174,7 @@ class StepEngine:
             self.policy.forget()  # a second run of this engine starts from nothing, as the first
         self.events = ev = EventLog() if self.record_events else None
         self.act = Transitions(st, mem, ev, self.paper, self.adapted, self.block_bytes_all)  # transitions.py
+        self.pipe = Pipeline(self.stages) if self.stages > 1 else None
         if self.handoff is not None:  # a decode replica of a disaggregated cluster (kvstudy/cluster/handoff.py)
             self.handoff.begin()
             self.act.pull = self.handoff.pull
@@ -206,16 +213,23 @@ class StepEngine:
         # a decode replica's decode run the driver's horizon cut goes on after the pause as it would have without it
         # (``_go_on``; the policy's steady_spare promise still holds: nothing arrived): carry is where it stopped
         carry, carries = None, cluster and self.handoff is not None and spare is not None
+        pipe = self.pipe  # pipeline parallelism: batches in flight (kvstudy/engine/pipeline.py), or None
         try:
             while True:
                 if cluster and (t >= horizon or sent):  # the driver routes what arrives by t before this decides
                     horizon = yield t
                     if st.inbox and st.inbox[0][0] < next_time:  # the driver posted an event (disaggregation)
                         next_time = st.inbox[0][0]
+                if pipe is not None and pipe.flight and pipe.flight[0].end <= t:  # batches whose last stage ended
+                    if self._land(t, cluster, bar):
+                        since_completion = 0
                 if t >= next_time:  # 1. arrivals
                     next_time = self._arrive(t)
                     carry = None
                 self.idled = False  # authors_code: consumed by the pass after the idle second
+                if pipe is not None and pipe.flight and not waiting and not running and not swapped:
+                    t = self._pipe_wait(t, next_time, horizon if cluster else math.inf)  # all of them in flight
+                    continue
                 if not waiting and not running and not swapped:
                     woke = (yield IDLE) if cluster else self._wake()
                     if woke is None:
@@ -247,7 +261,7 @@ class StepEngine:
                             break
                         continue
                     policy_s += seconds
-                    if decode_only and not (st.prefilling or st.reserved) and running:
+                    if decode_only and not (st.prefilling or st.reserved) and running and pipe is None:
                         # 4-7 for the most common iteration, and the decode-only iterations after it that the policy
                         # promised (steady_spare): one decode run, of one iteration when there is no promise
                         most = 1 if spare is None or swapped else self.max_iterations - step
@@ -264,6 +278,9 @@ class StepEngine:
                         batch = self._apply(d, t)  # 4. apply
                         if not batch.chunks and not batch.decodes:  # nothing computes: copies take their time, or idle
                             t += batch.swap_seconds
+                            if pipe is not None and pipe.flight:  # what could run is in flight: wait for its end
+                                t = self._pipe_wait(t, next_time, horizon if cluster else math.inf)
+                                continue
                             if not (d.preempt or d.swap_in or running or swapped):
                                 woke = (yield IDLE) if cluster else self._wake()
                                 if woke is not None:  # idle: nothing runs until the next arrival
@@ -277,12 +294,19 @@ class StepEngine:
                                 break
                             continue
                         dt = self._time(d, batch)  # 5. time
+                        if pipe is not None:  # through the stages behind the batches ahead of it: its end
+                            members = self._members(d, batch)
+                            dt = pipe.place(t, dt, self.latency.hop_seconds(batch.decodes + sum(
+                                c for c, _ in batch.chunks))) - t
                         stamp, finished, produced, kv = self._stamp_and_record(d, batch, t, dt, step)  # 6, 7
+                        if pipe is not None:  # in flight until its end; finished ones free their KV then
+                            self._send(members, finished, stamp, step, t + dt, kv)
+                            finished = []
                 if finished:
                     since_completion = 0
                     self._finish(finished, stamp, step, t + dt, kv, cluster, bar)
                 no_token = 0 if produced else no_token + 1
-                t += dt
+                t = t + dt if pipe is None else pipe.next_decision(t)
                 view.last_iteration_seconds = dt
                 step += 1
                 if no_token >= self.stall_limit:
@@ -307,7 +331,7 @@ class StepEngine:
         overflow = getattr(policy, "overflow_victims", None)  # the engine detects overflow for this policy
         # decode-only iterations the policy promises to repeat are advanced without asking it (issue 47); not while
         # events are recorded (each iteration's decodes are listed) or the engine checks overflow before each step
-        spare = policy.steady_spare(view) if self.events is None and overflow is None else None
+        spare = policy.steady_spare(view) if self.events is None and overflow is None and self.stages == 1 else None
         # the adapter on the paper's memory holds just the positions it validated and has no capacity to check
         # (constraint (3): admissions are not charged; an overflow is caught at the next round): not checked here
         check = not (self.paper and self.adapted)
@@ -596,6 +620,83 @@ class StepEngine:
             left_prompts += s[i]
         return left_ctx, left_prompts
 
+    # --- pipeline parallelism: batches in flight (kvstudy/engine/pipeline.py) --------------------------------------
+    def _members(self, d: Decision, batch: "Batch") -> set:
+        """The requests the applied decision runs: its prefills and its decoders."""
+        st = self.state
+        members = {i for i, _ in batch.prefills}
+        if d.decode_all:
+            prefilling = st.prefilling
+            members.update(i for i in st.running if i not in prefilling)
+        else:
+            members.update(d.decode)
+        return members
+
+    def _send(self, members: set, finished: list, stamp: float, step: int, end: float, kv: int) -> None:
+        """A stamped batch goes in flight until ``end``: its requests leave the running list (in their order), the
+        prefilling set, the decode clock and the running aggregates, so the policy's next steps do not see them; those
+        that finished stay in flight too and free their KV when it ends (``_land``)."""
+        st = self.state
+        clock, s, running, prefilling, state = st.clock, st.prompt, st.running, st.prefilling, st.request_state
+        order = [i for i in running if i in members]
+        running[:] = [i for i in running if i not in members]
+        gone = set(finished)
+        ctx = prompts = 0
+        for i in order:
+            state[i] = IN_FLIGHT
+            if i in gone:  # off the clock and out of the aggregates already (_stamp_and_record)
+                continue
+            if i in prefilling:
+                prefilling.discard(i)  # back at its end: _land reads prefilled < target
+            else:
+                if clock.on_clock[i]:
+                    clock.stop(i)
+                ctx += s[i] + clock.tokens[i] - 1
+                prompts += s[i]
+        st.decode_context_tokens -= ctx
+        st.decode_prompt_tokens -= prompts
+        st.in_flight.update(order)
+        self.pipe.flight.append(InFlight(end, order, finished, stamp, step, kv))
+
+    def _land(self, t: float, cluster: bool, bar) -> bool:
+        """Every batch in flight whose last stage ended by ``t`` gives its requests back (at the end of the running
+        list, as Vidur's ``on_batch_end`` appends them) and its finished requests finish, freeing their KV. Returns
+        whether any finished."""
+        st, flight = self.state, self.pipe.flight
+        clock, s, running, state = st.clock, st.prompt, st.running, st.request_state
+        prefilled, target, in_flight = st.prefilled, st.prefill_target, st.in_flight
+        any_finished = False
+        while flight and flight[0].end <= t:
+            b = flight.popleft()
+            gone = set(b.finished)
+            ctx = prompts = 0
+            for i in b.members:
+                in_flight.discard(i)
+                state[i] = RUNNING
+                running.append(i)
+                if i in gone:
+                    continue
+                if prefilled[i] < target[i]:
+                    st.prefilling.add(i)
+                else:
+                    clock.start(i, clock.tokens[i])
+                    ctx += s[i] + clock.tokens[i] - 1
+                    prompts += s[i]
+            st.decode_context_tokens += ctx
+            st.decode_prompt_tokens += prompts
+            if b.finished:
+                self._finish(b.finished, b.stamp, b.step, b.end, b.kv, cluster, bar)
+                any_finished = True
+        return any_finished
+
+    def _pipe_wait(self, t: float, next_time: float, horizon: float) -> float:
+        """Every request that could run is in flight: the next batch forms when the first stage is free and a batch
+        ends or a request arrives (in a cluster, by the driver's horizon), whichever is first."""
+        pipe = self.pipe
+        soonest = min(pipe.next_end(), next_time, horizon)
+        at = pipe.next_decision(t)
+        return at if at > soonest else soonest
+
     # --- 4. apply ------------------------------------------------------------------------------------------------
     def _apply(self, d: Decision, t: float) -> "Batch":
         """Carry out a checked decision in the order preempt, swap in, lend, prefill, decode, reserve; returns what
@@ -787,6 +888,13 @@ class StepEngine:
         """The run's records: requests still on the clock stopped, the status settled, the tables built."""
         st = self.state
         state = st.request_state
+        if self.pipe is not None and self.pipe.flight:  # a run stopped early: batches in flight report as running
+            for b in self.pipe.flight:
+                for i in b.members:
+                    state[i] = RUNNING
+                    st.running.append(i)
+            self.pipe.flight.clear()
+            st.in_flight.clear()
         for i in st.running:  # a run stopped early: tokens of requests still on the clock
             if st.clock.on_clock[i]:
                 st.clock.stop(i)

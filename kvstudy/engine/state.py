@@ -70,6 +70,9 @@ class RunState:
         self.swapped = deque()  # requests whose KV is on the host
         self.prefilling: set = set()  # running requests whose prefill is unfinished
         self.growing: set = set()  # running requests that need one more block to decode in this iteration
+        #: pipeline parallelism (kvstudy/engine/pipeline.py): running requests in a batch still in flight, off
+        #: ``running`` (and ``prefilling``, the decode clock and the aggregates below) until it ends
+        self.in_flight: set = set()
         self.reserved: set = set()  # requests holding blocks beyond their context (a reservation or a loan)
         # --- progress ---
         #: tokens produced (exact off the clock), the clock's ticks, the requests on it (decode_clock.py)
@@ -134,8 +137,8 @@ class RunState:
         self.policy_arrived = 0
 
     def outstanding(self) -> int:
-        """Requests waiting, running or swapped out."""
-        return len(self.waiting) + len(self.running) + len(self.swapped)
+        """Requests waiting, running (in flight too) or swapped out."""
+        return len(self.waiting) + len(self.running) + len(self.swapped) + len(self.in_flight)
 
     def ids(self, indices, most: int = 8) -> str:
         """Request ids for a message: ``request(s) 3, 17, 21``, ``none``, or the first ``most`` and how many more."""

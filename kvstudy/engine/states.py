@@ -8,8 +8,8 @@ from typing import Optional
 
 import pandas as pd
 
-from kvstudy.policies.request_states import (DONE, ELSEWHERE, FUTURE, REJECTED, RUNNING, SWAPPED,  # noqa: F401
-                                             WAITING, PolicyError)
+from kvstudy.policies.request_states import (DONE, ELSEWHERE, FUTURE, IN_FLIGHT, REJECTED, RUNNING,  # noqa: F401
+                                             SWAPPED, WAITING, PolicyError)
 
 
 def interrupted_message(iterations: int) -> str:

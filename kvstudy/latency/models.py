@@ -52,8 +52,15 @@ class LatencyModel:
     #: ``iteration_seconds`` for the rest, so an out-of-range error comes from the iteration that is out of range).
     #: The engine's decode runs use it (issue 47); VidurLatency has it, vectorised.
 
+    #: pipeline stages the model times (``iteration_seconds`` is a batch's whole time through them); with more than
+    #: one, ``hop_seconds(tokens)`` is the hop between two stages (kvstudy/engine/pipeline.py keeps batches in flight)
+    stages = 1
+
     def iteration_seconds(self, prefill_chunks: Chunks, num_decodes: int, decode_context_sum: int) -> float:
         raise NotImplementedError
+
+    def hop_seconds(self, tokens: int) -> float:
+        return 0.0
 
     def min_iteration_seconds(self) -> float:
         """A lower bound on ``iteration_seconds`` of any iteration that computes at least one token (0: none known).
@@ -77,21 +84,32 @@ class UnitLatency(LatencyModel):
 
 
 class LinearLatency(LatencyModel):
+    """``d0 + d1 x tokens`` seconds per iteration: the whole model's compute. With ``hardware.pipeline_parallel`` =
+    S > 1 the layers split evenly over the stages, each taking ``(d0 + d1 x tokens) / S``, and a batch's whole time is
+    ``d0 + d1 x tokens + (S - 1) hop`` (``hop`` seconds between stages), as Vidur's tables compose it
+    (kvstudy/latency/tables.py: stages x layers per stage + hops)."""
     name = "linear"
 
-    def __init__(self, d0: float = 0.02, d1: float = 1e-5, **_ignored) -> None:
+    def __init__(self, d0: float = 0.02, d1: float = 1e-5, hop: float = 0.0, hardware=None, **_ignored) -> None:
         # each against kvstudy/config/schema.py, then "not both 0" (validate._check_together)
-        check_group("latency", {"_target_": "kvstudy.latency.models.LinearLatency", "d0": d0, "d1": d1})
-        self.d0, self.d1 = float(d0), float(d1)
+        check_group("latency", {"_target_": "kvstudy.latency.models.LinearLatency", "d0": d0, "d1": d1, "hop": hop})
+        self.d0, self.d1, self.hop = float(d0), float(d1), float(hop)
+        self.stages = int(getattr(hardware, "pipeline_parallel", 1) or 1)
 
     def iteration_seconds(self, prefill_chunks, num_decodes, decode_context_sum) -> float:
-        return self.d0 + self.d1 * (num_decodes + sum(c for c, _ in prefill_chunks))
+        compute = self.d0 + self.d1 * (num_decodes + sum(c for c, _ in prefill_chunks))
+        return compute if self.stages == 1 else compute + (self.stages - 1) * self.hop
+
+    def hop_seconds(self, tokens: int) -> float:
+        return self.hop if self.stages > 1 else 0.0
 
     def min_iteration_seconds(self) -> float:
-        return self.d0 + self.d1 if self.d1 >= 0 else 0.0  # one token; no bound if a token could cost less than 0
+        if self.d1 < 0:
+            return 0.0  # no bound if a token could cost less than 0
+        return self.d0 + self.d1 + (self.stages - 1) * self.hop  # one token
 
     def describe(self) -> dict:
-        return {"name": self.name, "d0": self.d0, "d1": self.d1}
+        return {"name": self.name, "d0": self.d0, "d1": self.d1, **({"hop": self.hop} if self.hop else {})}
 
 
 class McsfAuthorsLatency(LatencyModel):
@@ -152,6 +170,13 @@ class VidurLatency(LatencyModel):
 
     def decode_run_seconds(self, num_decodes, decode_context_sum, count) -> list:
         return self.tables.decode_run_seconds(num_decodes, decode_context_sum, count)
+
+    @property
+    def stages(self) -> int:
+        return self.tables.stages
+
+    def hop_seconds(self, tokens: int) -> float:
+        return self.tables.hop_seconds(tokens)
 
     def min_iteration_seconds(self) -> float:
         return self.tables.min_iteration_seconds()

@@ -195,6 +195,17 @@ class VidurTables:
         ms = self.layers_per_stage * layer * stages + (stages - 1) * self.send_recv_ms.item(rounded)
         return ms * 1e-3
 
+    def hop_seconds(self, tokens: int) -> float:
+        """The pipeline hop between two stages of a batch of ``tokens`` tokens (Vidur's send/recv prediction keyed
+        by the tokens rounded up to 8, as ``iteration_seconds`` adds it); 0 without pipeline parallelism."""
+        if self.stages < 2 or tokens <= 0:
+            return 0.0
+        rounded = (tokens + 7) // 8 * 8
+        if rounded >= len(self.send_recv_ms):
+            raise OutOfRangeError(f"iteration of {tokens} tokens exceeds the predictor's trained range "
+                                  f"latency.max_tokens={self.max_tokens}; raise latency.max_tokens")
+        return self.send_recv_ms.item(rounded) * 1e-3
+
     def min_iteration_seconds(self) -> float:
         """A lower bound on ``iteration_seconds`` of any iteration of at least one token: the token-keyed ops at
         their least over every rounded count (>= 8), the attention terms at 0, the hop at its least, combined as

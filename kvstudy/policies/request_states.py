@@ -11,6 +11,9 @@ FUTURE, WAITING, RUNNING, DONE, REJECTED, SWAPPED = 0, 1, 2, 3, 4, 5
 #: in a cluster (kvstudy/cluster/driver.py), a replica's mark on a request routed to another replica: it never
 #: arrives there (the merged requests.parquet takes each request's row from its own replica)
 ELSEWHERE = 6
+#: under pipeline parallelism (kvstudy/engine/pipeline.py), a running request in a batch still in flight: off the
+#: view's running list until the batch's last stage ends, so no decision may name it
+IN_FLIGHT = 7
 
 
 class PolicyError(KvStudyError):

@@ -41,7 +41,7 @@ from collections import deque
 from typing import Deque, List
 
 from kvstudy.config.validate import check_group
-from kvstudy.policies.request_states import RUNNING, SWAPPED, WAITING
+from kvstudy.policies.request_states import IN_FLIGHT, RUNNING, SWAPPED, WAITING
 from kvstudy.memory.base import LATER, NEVER, OK
 from kvstudy.policies.step import RECOMPUTE, Decision, StepView
 from kvstudy.policies.vllm import VLLM, _Plan
@@ -105,8 +105,8 @@ class QueuedVLLM(VLLM):
         expected = len(view.waiting) + (len(view.swapped) if self.preemption_mode != RECOMPUTE else 0)
         if len(self.order) != expected:
             self.order = deque(i for i in self.order if state[i] == WAITING or state[i] == SWAPPED)
-        if len(self.run) != len(view.running):
-            self.run = [i for i in self.run if state[i] == RUNNING]
+        if len(self.run) != len(view.running) + view.in_flight:  # in flight (a pipeline's batch): kept in the list
+            self.run = [i for i in self.run if state[i] == RUNNING or state[i] == IN_FLIGHT]
 
     # --- one step --------------------------------------------------------------------------------------------
     def _admit(self, view: StepView, plan: _Plan, budget: int) -> int:
@@ -114,10 +114,12 @@ class QueuedVLLM(VLLM):
         Returns how many of the queue's front it looked at (what it started is among them)."""
         mem = view.memory
         state = view.state
-        walked = 0
+        walked, micro = 0, self._micro(view)
         for i in self.order:
             walked += 1
             if plan.num_seqs + 1 > self.max_num_seqs:
+                break
+            if micro is not None and len(plan.d.prefill) + len(plan.d.swap_in) >= micro:
                 break
             if state[i] == SWAPPED:
                 status = mem.can_swap_in(i, free=plan.free)
@@ -159,19 +161,26 @@ class QueuedVLLM(VLLM):
 
     def step(self, view: StepView) -> Decision:
         self._sync(view)
+        flying = None
+        if view.in_flight:  # a pipeline's batches in flight: out of this step's list, back at its end (as the engine)
+            state = view.state
+            flying = [i for i in self.run if state[i] == IN_FLIGHT]
+            self.run = [i for i in self.run if state[i] != IN_FLIGHT]
         budget = self.token_budget(view)
         plan = _Plan(view)
         walked = self._admit(view, plan, budget) if self.order else 0
         if not plan.d.prefill and not plan.d.swap_in:
             self.routine(view, plan, budget)
             routine_victims = len(plan.d.preempt)
-            self._walk(view, plan, list(self.run), skip_prefilling=False)
+            self._walk_any(view, plan, list(self.run), skip_prefilling=False)
             walk_victims = [v for v, _ in plan.d.preempt[routine_victims:]]
             for v in walk_victims:  # vLLM's waiting.extendleft(preempted): the last one ends up first
                 self.run.remove(v)
                 self.order.appendleft(v)
                 self.wait_since[v] = view.step
         self._started(view, plan, walked)
+        if flying:
+            self.run.extend(flying)
         return plan.d
 
     def _started(self, view: StepView, plan: _Plan, walked: int) -> None:

@@ -69,7 +69,8 @@ class StepView:
         #: tokens generated, exact for requests off the decode clock (waiting, swapped, in prefill): a plain list
         self.waiting_generated = st.clock.tokens
         self.max_model_len = engine.max_model_len
-        #: each request's state (engine codes: 0 future, 1 waiting, 2 running, 3 done, 4 rejected, 5 swapped)
+        #: each request's state (engine codes: 0 future, 1 waiting, 2 running, 3 done, 4 rejected, 5 swapped, 6 elsewhere,
+        #: 7 in flight)
         self.state = st.request_state
         #: requests that have arrived so far: engine indices 0 .. num_arrived - 1 (indices are in arrival order)
         self.num_arrived = 0
@@ -88,6 +89,9 @@ class StepView:
         #: how long the latest iteration that ran something took (0 before the first): idle time before an
         #: arrival and steps that only copy KV are not iterations (CacheOPT's T_I^max, Sec. 3.3)
         self.last_iteration_seconds = 0.0
+        #: pipeline stages of the replica (kvstudy/engine/pipeline.py): with more than one, up to that many batches
+        #: are in flight and a step forms one of them
+        self.stages = engine.stages
         self._clock, self._last_token = st.clock, st.last_token
         self._state = st
 
@@ -102,6 +106,13 @@ class StepView:
         """KV tokens the running requests past their prefill need in this iteration: sum(prompt + generated)."""
         st = self._state
         return st.decode_context_tokens + len(st.running) - len(st.prefilling)
+
+    @property
+    def in_flight(self) -> int:
+        """Requests in batches still in flight under pipeline parallelism (kvstudy/engine/pipeline.py): they hold KV
+        (counted in ``memory``) but are not in ``running`` and no decision may name them until their batch ends (as
+        Vidur's replica schedulers form a batch from the requests not in flight); 0 without it."""
+        return len(self._state.in_flight)
 
     def last_token_time(self, i: int) -> float:
         """When request i produced its latest token (nan before its first)."""

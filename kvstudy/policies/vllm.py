@@ -23,6 +23,12 @@ sequences) or ``swap``; a request still in its prefill is always recomputed (vLL
 ``running_order``: ``admission`` (vLLM: the running list in the order requests were admitted) or
 ``arrival`` (Vidur's replica schedulers sort it by arrival time before each step).
 
+Under pipeline parallelism (kvstudy/engine/pipeline.py) a step forms the batch of one pipeline slot from the requests
+not in flight; ``max_num_seqs`` caps the requests holding KV, in flight or not (Vidur's ``batch_size_cap`` against
+its allocation map), and ``max_num_seqs // stages`` the requests of one batch (Vidur's ``_max_micro_batch_size``):
+the decodes are then the first that many of the running list (Vidur sorts it by arrival: ``running_order=arrival``),
+the rest wait for the next batch, neither decoded nor preempted.
+
 ``waiting_order`` (issue 36): ``fcfs`` (vLLM), or SGLang's cache-aware ``lpm`` / ``dfs_weight``
 (kvstudy/policies/cache_orders.py) with memory.prefix_caching=true: the queue is walked in that order, admission
 against memory unchanged (a request that does not fit still stops the walk, as in both vLLM and SGLang).
@@ -55,7 +61,7 @@ class _Plan:
     def __init__(self, view: StepView) -> None:
         self.free = view.memory.free
         self.tokens = 0
-        self.num_seqs = len(view.running)
+        self.num_seqs = len(view.running) + view.in_flight  # under pipeline parallelism in-flight requests hold KV too
         self.d = Decision()
 
     def start_prefill(self, i: int, blocks: int, chunk: int) -> None:
@@ -89,6 +95,10 @@ class VLLM(StepPolicy):
         return max(view.max_model_len, 2048)
 
     # --- pieces shared with Sarathi -----------------------------------------------------------------
+    def _micro(self, view: StepView) -> Optional[int]:
+        """The most requests one batch may hold under pipeline parallelism (module docstring); None without it."""
+        return max(1, self.max_num_seqs // view.stages) if view.stages > 1 else None
+
     def _running(self, view: StepView) -> List[int]:
         if self.running_order == "arrival":  # by (arrival, index): the engine's indices are in arrival order already
             return sorted(view.running)
@@ -109,6 +119,9 @@ class VLLM(StepPolicy):
         When the free blocks cover every request that needs one (``view.growing``), the walk would preempt
         nobody: the decision is then ``decode_all`` without visiting each request (under
         ``memory.decode_block_check=vllm`` one more block must stay free, so every turn sees one)."""
+        micro = self._micro(view)
+        if micro is not None and len(view.running) - len(view.prefilling) > micro:
+            return self._walk_micro(view, plan, self._running(view), skip_prefilling, micro)
         if len(view.growing) + _spare(view) <= plan.free:
             plan.free -= len(view.growing)
             decoding = len(view.running) - len(view.prefilling)
@@ -160,6 +173,42 @@ class VLLM(StepPolicy):
         plan.d.decode_all = decoded > 0
         return prefilling
 
+    def _walk_any(self, view: StepView, plan: _Plan, queue: List[int], skip_prefilling: bool) -> List[int]:
+        """``_walk``, or ``_walk_micro`` when a pipeline's batch cannot hold every request of ``queue``."""
+        micro = self._micro(view)
+        if micro is not None and len(queue) > micro:
+            return self._walk_micro(view, plan, queue, skip_prefilling, micro)
+        return self._walk(view, plan, queue, skip_prefilling)
+
+    def _walk_micro(self, view: StepView, plan: _Plan, queue: List[int], skip_prefilling: bool, micro: int) -> List[int]:
+        """``_walk`` for one batch of a pipeline (Vidur's vLLM and Sarathi ``_get_next_batch``): front to back until
+        the batch holds ``micro`` requests, preempting from the back of the whole list when a request cannot get its
+        block; the decodes are listed (the requests past the cut neither decode nor are preempted). Returns the
+        requests still in prefill that were passed over before the cut."""
+        prefilling, growing, spare, in_prefill = [], view.growing, _spare(view), view.in_prefill
+        decode = plan.d.decode
+        lo, hi = 0, len(queue)
+        while lo < hi and len(decode) + len(plan.d.prefill) < micro:
+            i = queue[lo]
+            lo += 1
+            if in_prefill(i):
+                if skip_prefilling:
+                    prefilling.append(i)
+                continue
+            need = view.decode_blocks_needed(i) if i in growing else 0
+            while plan.free < max(need, spare):
+                if lo < hi:
+                    hi -= 1
+                    self._preempt(view, plan, queue[hi])
+                else:
+                    self._preempt(view, plan, i)
+                    break
+            else:
+                plan.free -= need
+                decode.append(i)
+        plan.tokens += len(decode)
+        return prefilling
+
     def _schedule_swapped(self, view: StepView, plan: _Plan, budget: int) -> None:
         for i in view.swapped:
             status = view.memory.can_swap_in(i, free=plan.free)
@@ -179,7 +228,7 @@ class VLLM(StepPolicy):
         is most steps, and ``_schedule_prefills`` would stop at once. A cache-aware order asks whether the
         smallest waiting request could start (its head is known only once the order is computed), unless the order
         is FCFS anyway (LPM above 128 waiting requests)."""
-        if len(view.running) >= self.max_num_seqs:
+        if len(view.running) + view.in_flight >= self.max_num_seqs:
             return False
         mem = view.memory
         if self.waiting_order != "fcfs" and not (self.waiting_order == "lpm" and len(view.waiting) > LPM_MAX_QUEUE):
@@ -194,8 +243,12 @@ class VLLM(StepPolicy):
         bs, wm, total = mem.block_size, mem.watermark_blocks, mem.num_blocks
         prompt, generated = view.prompt, view.waiting_generated
         queue = view.waiting if self.waiting_order == "fcfs" else ordered(view, self.waiting_order)
+        micro = self._micro(view)
         for i in queue:
             if plan.num_seqs + 1 > self.max_num_seqs:
+                break
+            if micro is not None and len(plan.d.prefill) + len(plan.d.decode) + (
+                    len(view.running) - len(view.prefilling) if plan.d.decode_all else 0) >= micro:
                 break
             blocks = -(-(prompt[i] + generated[i]) // bs)  # view.prefill_blocks(i), inlined: it runs every step
             if total - blocks < wm:  # can_allocate NEVER: the engine rejects these up front; never reached

@@ -19,6 +19,7 @@ from kvstudy.cluster.driver import merge
 from kvstudy.cluster.handoff import Handoff, SenderLinks, link_seconds, read_handoff
 from kvstudy.costs.swap_models import kv_bytes_per_gpu
 from kvstudy.engine.states import EngineResult
+from kvstudy.errors import ConfigError
 from kvstudy.latency.models import profile_files
 from kvstudy.running.compose import plain
 
@@ -39,6 +40,11 @@ def split_engines(cfg: DictConfig, setups: list, pools: list, build_policy: Call
     settings = read_handoff(plain(cfg.cluster).get("handoff"))
     n_p = pools[0].replicas
     ctx = setups[0].ctx
+    deep = [s.ctx.hardware.name for s in setups if s.ctx.hardware.pipeline_parallel > 1]
+    if deep:  # the driver's horizon (kvstudy/cluster/disaggregated.py) bounds one batch in flight per replica
+        raise ConfigError(f"cluster.pools: hardware {deep[0]} with pipeline_parallel > 1 in a prefill/decode split "
+                          f"is not modelled (its driver assumes one batch in flight per replica); allowed: "
+                          f"hardware.pipeline_parallel=1 in every pool, or co-located replicas with pipeline stages")
     engines = []
     policies = []
     for k, setup in enumerate(setups):

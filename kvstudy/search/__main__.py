@@ -1,9 +1,11 @@
 """``python -m kvstudy.search capacity [--criterion C] [--seeds 0,1] [--start R] [--tolerance F] [--min-rate R]
 [--max-rate R] [--max-steps N] [--knob demand.rate] [--out FILE] -- OVERRIDES``
 
-``python -m kvstudy.search grid SPEC.yaml [--out DIR] [--prices FILE] [--jobs N]``: every deployment of a grid
+``python -m kvstudy.search grid SPEC.yaml [--out DIR] [--prices FILE] [--jobs N] [--launcher L] [--launcher-option
+K=V ...]``: every deployment of a grid
 (kvstudy/search/grid.py; SPEC: a YAML file, or the name of one in kvstudy/search/specs/), resumable; prints the best deployment, writes
-``DIR/results.parquet`` and ``DIR/pareto.png``.
+``DIR/results.parquet`` and ``DIR/pareto.png``. ``--launcher``: local (default: ``--jobs`` processes), submitit_local,
+slurm (``--launcher-option slurm_partition=cpu``) or ray (``--launcher-option address=...``): kvstudy/search/fanout.py.
 
 One deployment's capacity under an SLO (issue 58; kvstudy/search/capacity.py): the highest request rate at which the
 criterion holds (kvstudy/search/criteria.py; default ``goodput:ttft=2.5,tpot=0.15,share=0.9``, DistServe's), by
@@ -35,6 +37,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("spec", nargs="?", help="grid: the search's YAML, or the name of one in kvstudy/search/specs/")
     p.add_argument("--prices", default=None, help="grid: a price table (gpu,usd_per_gpu_hour,source,date)")
     p.add_argument("--jobs", type=int, default=1, help="grid: deployments searched at once (local processes)")
+    p.add_argument("--launcher", default="local", help="grid: local, submitit_local, slurm or ray (fanout.py)")
+    p.add_argument("--launcher-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="grid: a launcher setting (slurm_partition=cpu, timeout_min=60, address=auto, ...)")
     p.add_argument("--criterion", default="goodput:ttft=2.5,tpot=0.15,share=0.9")
     p.add_argument("--seeds", default="0", help="comma-separated seeds, one search each")
     p.add_argument("--start", type=float, default=1.0, help="the first rate probed")
@@ -101,7 +106,12 @@ def _grid(args) -> int:
     prices = read_prices(args.prices)
     out = Path(args.out) if args.out else Path("outputs/search") / Path(args.spec).stem
     prepare_dir(out, "--out")
-    table = run_grid(spec, out, prices, jobs=args.jobs)
+    from kvstudy.search.fanout import LAUNCHERS, read_options
+
+    if args.launcher not in LAUNCHERS:
+        raise ConfigError(f"--launcher={args.launcher}: allowed: {', '.join(LAUNCHERS)}")
+    table = run_grid(spec, out, prices, jobs=args.jobs, launcher=args.launcher,
+                     options=read_options(args.launcher_option))
     top = best(table)
     found, above = int((table["status"] == "found").sum()), int((table["status"] == "above_range").sum())
     print(f"{len(table)} deployments under {spec.criterion_text}: {found} with a capacity, {above} meeting it at the "

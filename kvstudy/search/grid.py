@@ -14,7 +14,8 @@ multirun sweep::
     gpu_budget: 16
     search: {start: 1.0, tolerance: 0.05, max_rate: 64}
     grid:
-      hardware: [a100_tp2, a100_tp4, h100_tp2]      # options of the hardware group: device x TP x PP
+      hardware: [a100_tp2, a100_tp4, h100_tp2]      # options of the hardware group: device x TP
+      pipeline: [1, 2]                                # pipeline stages of each co-located replica (default [1])
       replicas: [1, 2, 4]                             # co-located replicas of each
       deployments: [p1d3, p2d2, ha_p1d3]              # options of the deployment group (pools), on each hardware
       policies:                                       # each policy with its settings to try ([{}]: as shipped)
@@ -22,12 +23,15 @@ multirun sweep::
         sarathi: [{chunk_size: 256}, {chunk_size: 512}]
 
 Each deployment is one set of overrides on top of ``overrides``; its GPUs are its replicas' TP x PP (a pool's own
-hardware counted); one over ``gpu_budget``, or on a GPU the price table has no price for, is skipped with that reason,
-as is one the first simulation refuses (a model whose weights do not fit: the run's one-line reason). Each finished
+hardware counted; ``pipeline`` applies to co-located replicas, ``hardware.pipeline_parallel``: a disaggregated
+deployment's pools run at their hardware's own PP); one over ``gpu_budget`` is skipped with that reason, as is one the
+first simulation refuses (a model whose weights do not fit: the run's one-line reason); one on a GPU the price table
+has no price for is searched all the same, its capacity reported and its cost left empty with that reason (it is
+not ranked by cost, nor on the Pareto frontier). Each finished
 deployment is written to ``<out>/deployments/<key>.json`` at once (whole or not at all): a search run again finds it
 there and does not search it again (resume). The table ``<out>/results.parquet`` and the figure ``<out>/pareto.png``
-are written at the end. Deployments run in parallel with ``jobs`` local processes (concurrent.futures); SLURM or Ray
-fan-out is not built.
+are written at the end. Deployments fan out through ``launcher`` (kvstudy/search/fanout.py): ``jobs`` local processes,
+submitit (SLURM, or its local executor) or a Ray cluster; each deployment is one job, written as it finishes.
 """
 from __future__ import annotations
 
@@ -36,7 +40,6 @@ import itertools
 import json
 import math
 import warnings
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -49,12 +52,13 @@ from kvstudy.errors import ConfigError, KvStudyError
 from kvstudy.running.atomic import write_atomic, write_text_atomic
 from kvstudy.search.capacity import at_capacity, check_search, deployment_capacity
 from kvstudy.search.criteria import read_criterion
+from kvstudy.search.fanout import fan_out
 from kvstudy.search.prices import hourly_cost
 
 #: the shipped specs (``python -m kvstudy.search grid <name>``)
 SPECS = Path(__file__).with_name("specs")
 SPEC_KEYS = ("overrides", "criterion", "seeds", "gpu_budget", "search", "grid")
-GRID_KEYS = ("hardware", "replicas", "deployments", "policies")
+GRID_KEYS = ("hardware", "pipeline", "replicas", "deployments", "policies")
 
 
 @dataclass(frozen=True)
@@ -170,13 +174,20 @@ def _deployments(grid: dict, where: str) -> List[Deployment]:
     if not isinstance(policies, dict) or not policies:
         raise ConfigError(f"{where}: grid.policies={policies!r}: allowed: a mapping policy -> list of settings "
                           f"([{{}}]: as shipped)")
-    for n in replicas:
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ConfigError(f"{where}: grid.replicas has {n!r}; allowed: whole numbers >= 1")
+    stages = grid.get("pipeline") or [1]
+    for name, values in (("replicas", replicas), ("pipeline", stages)):
+        if not isinstance(values, list):
+            raise ConfigError(f"{where}: grid.{name}={values!r}: allowed: a list of whole numbers >= 1")
+        for n in values:
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise ConfigError(f"{where}: grid.{name} has {n!r}; allowed: whole numbers >= 1")
     out = []
     for hw in hardware:
         device, tp, pp = _hardware(hw, f"{where}: grid.hardware")
-        shapes = [(f"x{n}", [f"cluster.replicas={n}"] if n > 1 else [], [(device, tp, pp)] * n) for n in replicas]
+        # co-located replicas at each pipeline depth (the key names it past 1, so PP=1 keys are as before)
+        shapes = [(f"x{n}" + (f"-pp{k}" if k > 1 else ""),
+                   ([f"cluster.replicas={n}"] if n > 1 else []) + ([f"hardware.pipeline_parallel={k}"] if k > 1 else []),
+                   [(device, tp, k if k > 1 else pp)] * n) for k in stages for n in replicas]
         for layout in layouts:
             reps = [_hardware(own, f"{where}: {layout}") if own else (device, tp, pp)
                     for own in _replica_hardware(layout, f"{where}: grid.deployments")]
@@ -203,9 +214,9 @@ def _search_one(spec_overrides, dep: Deployment, criterion, seeds, search, price
     if gpus > budget:
         return {**record, "status": "skipped", "reason": f"{gpus} GPUs over the budget of {budget}"}
     try:
-        usd = hourly_cost(dep.replicas, prices)
-    except ConfigError as exc:
-        return {**record, "status": "skipped", "reason": str(exc)}
+        usd, unpriced = hourly_cost(dep.replicas, prices), ""
+    except ConfigError as exc:  # searched all the same: its capacity is known, its cost not (not ranked by cost)
+        usd, unpriced = math.nan, f"{exc}; capacity searched, not ranked by cost"
     try:
         with warnings.catch_warnings():  # each run's warnings (requests dropped, a paper's M off its GPU) once, in
             warnings.simplefilter("ignore", UserWarning)  # the deployment's first simulation, not per probe
@@ -220,6 +231,8 @@ def _search_one(spec_overrides, dep: Deployment, criterion, seeds, search, price
         reason = f"the criterion holds at max_rate={search['max_rate']:g}: the capacity is at least that"
     elif status == "unreachable":
         reason = f"the criterion fails at min_rate={search['min_rate']:g}: no rate serves it"
+    if unpriced:
+        reason = f"{reason}; {unpriced}" if reason else unpriced
     record.update(usd_per_hour=usd, status=status, reason=reason, capacity=result.get("mean"),
                   capacity_min=result.get("min"), capacity_max=result.get("max"), capacity_std=result.get("std"),
                   simulations=sum(len(s["probes"]) for s in result["searches"]),
@@ -227,7 +240,7 @@ def _search_one(spec_overrides, dep: Deployment, criterion, seeds, search, price
     at = at_capacity(result["searches"][0]) if result["searches"] else {}
     record.update(ttft_p90=at.get("ttft_p90", math.nan), tbt_p99=at.get("tbt_p99", math.nan),
                   e2e_median=at.get("e2e_median", math.nan))
-    if record["capacity"]:
+    if record["capacity"] and not unpriced:
         record["qps_per_usd_hour"] = record["capacity"] / usd
         record["usd_per_million_requests"] = usd / (record["capacity"] * 3600) * 1e6
     record["searches"] = result["searches"]
@@ -238,9 +251,10 @@ def _job(args):
     return _search_one(*args)
 
 
-def run_grid(spec: Spec, out: Path, prices: Dict, jobs: int = 1, log=print) -> pd.DataFrame:
-    """Search every deployment of ``spec`` not already in ``out/deployments`` (resume), write each as it finishes,
-    then the table and the Pareto figure; returns the table."""
+def run_grid(spec: Spec, out: Path, prices: Dict, jobs: int = 1, log=print, launcher: str = "local",
+             options: Optional[dict] = None) -> pd.DataFrame:
+    """Search every deployment of ``spec`` not already in ``out/deployments`` (resume), each a job of ``launcher``
+    (kvstudy/search/fanout.py), write each as it finishes, then the table and the Pareto figure; returns the table."""
     folder = out / "deployments"
     folder.mkdir(parents=True, exist_ok=True)
     todo, done = [], []
@@ -253,9 +267,9 @@ def run_grid(spec: Spec, out: Path, prices: Dict, jobs: int = 1, log=print) -> p
     log(f"{len(spec.deployments)} deployments: {len(done)} found in {folder} (not searched again), {len(todo)} to "
         f"search")
     args = [(spec.overrides, dep, spec.criterion, spec.seeds, spec.search, prices, spec.gpu_budget) for dep in todo]
-    pool = ProcessPoolExecutor(max_workers=jobs) if jobs > 1 and len(todo) > 1 else None
+    results = fan_out(_job, args, launcher, jobs, out / "submitit", options)
     try:
-        for dep, record in zip(todo, pool.map(_job, args) if pool else map(_job, args)):
+        for dep, record in zip(todo, results):
             write_text_atomic(folder / f"{_file_key(dep.key)}.json",
                               json.dumps(record, indent=1, default=float) + "\n")
             shown = (f"capacity {'>= ' if record['status'] == 'above_range' else ''}{record['capacity']:.3g} req/s, "
@@ -268,8 +282,7 @@ def run_grid(spec: Spec, out: Path, prices: Dict, jobs: int = 1, log=print) -> p
             f"command again to go on")
         raise
     finally:
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+        results.close()  # the launcher's jobs not finished are cancelled
     table = results_table(done)
     write_atomic(out / "results.parquet", lambda tmp: table.drop(columns=["searches"], errors="ignore")
                  .to_parquet(tmp, index=False))
@@ -290,7 +303,7 @@ def results_table(records: List[dict]) -> pd.DataFrame:
         if column not in table:
             table[column] = math.nan
     table["pareto"] = False
-    found = table[table["capacity"].notna() & (table["capacity"] > 0)]
+    found = table[table["capacity"].notna() & (table["capacity"] > 0) & table["usd_per_hour"].notna()]
     for i, row in found.iterrows():  # not dominated: no other is at most as costly and as slow, and better in one
         cheaper = found["usd_per_million_requests"] <= row["usd_per_million_requests"]
         faster = found["ttft_p90"] <= row["ttft_p90"]
@@ -302,7 +315,7 @@ def results_table(records: List[dict]) -> pd.DataFrame:
 
 def best(table: pd.DataFrame) -> Optional[pd.Series]:
     """The deployment with the most requests per second per dollar-hour (the cheapest per request) under the SLO."""
-    found = table[table["capacity"].notna() & (table["capacity"] > 0)]
+    found = table[table["capacity"].notna() & (table["capacity"] > 0) & table["qps_per_usd_hour"].notna()]
     return None if found.empty else found.sort_values(["qps_per_usd_hour", "key"], ascending=[False, True]).iloc[0]
 
 
@@ -313,7 +326,7 @@ def pareto_figure(table: pd.DataFrame, path: Path, criterion: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    found = table[table["capacity"].notna() & (table["capacity"] > 0)]
+    found = table[table["capacity"].notna() & (table["capacity"] > 0) & table["usd_per_hour"].notna()]
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for policy, part in found.groupby("policy"):
         ax.scatter(part["usd_per_million_requests"], part["ttft_p90"], label=policy, s=18)

@@ -5,7 +5,11 @@ The shipped table (``prices.csv`` beside this module) holds the GPUs with a pric
 on-demand prices as a third-party page quoted them on 2026-05-07 (its row says which page). It has no H200 or A40
 price: a deployment on them is skipped with that reason until the user gives a table that has one
 (``python -m kvstudy.search ... --prices FILE``, the same four columns; a user's table replaces the shipped one).
-Prices change and differ between providers; the point is a ranking by cost under stated prices, not a quote.
+A second shipped table, ``--prices runpod`` (``prices_runpod.csv``): RunPod's on-demand prices as a third-party page
+listed them in March 2026, with H200 (A100 SXM $2.45, H100 SXM $4.76, H200 $6.35, L4 $0.78 per GPU-hour); no A40
+price was found in the sources available here, so A40 deployments are skipped under both tables unless a user's
+table prices them. Prices change and differ between providers; the point is a ranking by cost under stated prices,
+not a quote.
 """
 from __future__ import annotations
 
@@ -37,8 +41,13 @@ def read_prices(path: Optional[Union[str, Path]] = None) -> Dict[str, Price]:
     from kvstudy.profiles.devices import DEVICES
 
     path = Path(path) if path is not None else SHIPPED
+    shipped = SHIPPED.with_name(f"prices_{path.name}.csv")
+    if not path.is_file() and path.parent == Path(".") and shipped.is_file():
+        path = shipped  # a shipped table by its name (``--prices runpod``)
     if not path.is_file():
-        raise ConfigError(f"--prices={path}: no such file; allowed: a CSV with columns {', '.join(COLUMNS)}")
+        names = ", ".join(sorted(p.stem[len("prices_"):] for p in SHIPPED.parent.glob("prices_*.csv")))
+        raise ConfigError(f"--prices={path}: no such file; allowed: a CSV with columns {', '.join(COLUMNS)}, or a "
+                          f"shipped table's name ({names})")
     try:
         table = pd.read_csv(path, dtype=str, keep_default_na=False)
     except (pd.errors.ParserError, UnicodeDecodeError, pd.errors.EmptyDataError) as exc:

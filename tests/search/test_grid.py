@@ -44,7 +44,9 @@ def test_a_grid_skips_with_reasons_finds_capacities_and_resumes(tmp_path, monkey
     assert "does not fit on hardware 'a100_tp1'" in table.loc["a100_tp1-x1-vllm--", "reason"]
     assert "does not fit on hardware 'a100_tp1'" in table.loc["a100_tp1-x2-vllm--", "reason"]  # 2 GPUs: in budget
     assert table.loc["a100_tp2-x2-vllm--", "reason"] == "4 GPUs over the budget of 2"
-    assert "no price for GPU 'h200'" in table.loc["h200_tp2-x1-vllm--", "reason"]
+    unpriced = table.loc["h200_tp2-x1-vllm--"]  # searched all the same, not ranked by cost
+    assert "no price for GPU 'h200'" in unpriced["reason"] and "capacity searched" in unpriced["reason"]
+    assert unpriced["capacity"] > 0 and math.isnan(unpriced["usd_per_hour"]) and not unpriced["pareto"]
     found = table.loc["a100_tp2-x1-vllm--"]
     assert found["status"] == "found" and found["capacity"] > 0 and found["gpus"] == 2
     assert found["usd_per_hour"] == pytest.approx(2 * 2.4984)
@@ -135,3 +137,90 @@ def test_ctrl_c_keeps_the_finished_deployments_and_says_how_to_go_on(tmp_path, m
     written = list((tmp_path / "out" / "deployments").glob("*.json"))
     assert len(written) == 1
     assert lines[-1].startswith("interrupted: 1 of 4 deployments written") and "run the same command again" in lines[-1]
+
+
+def test_the_pipeline_axis_counts_its_gpus_and_keeps_the_pp1_keys(tmp_path):
+    spec = read_spec(_spec(tmp_path, SPEC.replace("replicas: [1, 2]", "pipeline: [1, 2]\n  replicas: [1, 2]")))
+    keys = {d.key: d for d in spec.deployments}
+    assert "a100_tp2-x1-vllm--" in keys and "a100_tp2-x1-pp2-vllm--" in keys  # PP=1 as before: resume still finds it
+    deep = keys["a100_tp2-x2-pp2-vllm--"]
+    assert sum(tp * pp for _, tp, pp in deep.replicas) == 8
+    assert "hardware.pipeline_parallel=2" in deep.overrides and "cluster.replicas=2" in deep.overrides
+    with pytest.raises(ConfigError, match="grid.pipeline has 0; allowed: whole numbers >= 1"):
+        read_spec(_spec(tmp_path, SPEC.replace("replicas: [1, 2]", "pipeline: [0]\n  replicas: [1]")))
+
+
+def test_a_pipelined_deployment_is_searched(tmp_path):
+    """PP=2 on the linear model: the run keeps batches in flight (kvstudy/engine/pipeline.py) and the grid searches
+    it at twice the GPUs of PP=1 (with the KV of half the weights per GPU it meets the SLO up to the range's top)."""
+    body = SPEC.replace("hardware: [a100_tp1, a100_tp2, h200_tp2]", "hardware: [a100_tp2]").replace(
+        "replicas: [1, 2]", "pipeline: [2]\n  replicas: [1]").replace("gpu_budget: 2", "gpu_budget: 4")
+    table = run_grid(read_spec(_spec(tmp_path, body)), tmp_path / "out", read_prices(), log=lambda *_: None)
+    row = table.set_index("key").loc["a100_tp2-x1-pp2-vllm--"]
+    assert row["status"] in ("found", "above_range") and row["gpus"] == 4 and row["capacity"] > 0
+
+
+def _square(x):
+    return x * x
+
+
+def test_the_launchers_return_each_result_in_order(tmp_path):
+    from kvstudy.search.fanout import fan_out
+
+    assert list(fan_out(_square, [1, 2, 3])) == [1, 4, 9]
+    assert list(fan_out(_square, [1, 2, 3], jobs=2)) == [1, 4, 9]
+    # submitit's local executor: each a process of its own, as a SLURM array would run them
+    assert list(fan_out(_square, [2, 3], "submitit_local", folder=tmp_path / "sub",
+                        options={"timeout_min": 5})) == [4, 9]
+
+
+def test_the_ray_launcher_submits_one_task_each_and_cancels_the_rest(monkeypatch):
+    """Ray's API as the launcher uses it (init, remote, get, cancel), faked: Ray is not installed here."""
+    import sys
+    import types
+
+    from kvstudy.search.fanout import fan_out
+
+    calls = {"init": [], "cancel": [], "num_cpus": []}
+
+    class Ref:
+        def __init__(self, value):
+            self.value = value
+
+    def remote(num_cpus):
+        calls["num_cpus"].append(num_cpus)
+        return lambda fn: types.SimpleNamespace(remote=lambda a: Ref(fn(a)))
+
+    fake = types.SimpleNamespace(is_initialized=lambda: False, init=lambda address: calls["init"].append(address),
+                                 remote=remote, get=lambda ref: ref.value, cancel=lambda ref: calls["cancel"].append(
+                                     ref.value))
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    results = fan_out(_square, [1, 2, 3], "ray", options={"address": "auto", "num_cpus": 2})
+    assert next(results) == 1
+    results.close()  # Ctrl-C after the first: the two not taken are cancelled
+    assert calls == {"init": ["auto"], "cancel": [4, 9], "num_cpus": [2]}
+
+
+@pytest.mark.parametrize("launcher,options,message", [
+    ("kubernetes", {}, "--launcher=kubernetes: allowed: local, submitit_local, slurm, ray"),
+    ("local", {"slurm_partition": "cpu"}, "--launcher-option slurm_partition: the local launcher takes none"),
+    ("ray", {"gpus": 1}, "--launcher-option gpus: the ray launcher takes address and num_cpus"),
+])
+def test_a_bad_launcher_is_one_line(launcher, options, message, monkeypatch):
+    import sys
+    import types
+
+    from kvstudy.search.fanout import fan_out
+
+    monkeypatch.setitem(sys.modules, "ray", types.SimpleNamespace())
+    with pytest.raises(ConfigError) as err:
+        fan_out(_square, [1], launcher, options=options)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_slurm_without_sbatch_says_so(monkeypatch):
+    from kvstudy.search import fanout
+
+    monkeypatch.setattr(fanout.shutil, "which", lambda name: None)
+    with pytest.raises(ConfigError, match="no sbatch on the PATH"):
+        fanout.fan_out(_square, [1], "slurm")

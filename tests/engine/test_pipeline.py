@@ -68,6 +68,28 @@ def test_two_batches_in_flight_and_a_hop_by_hand():
     assert flat.completion_time.tolist() == pytest.approx([4.0, 4.0])
 
 
+def test_no_third_batch_forms_while_two_are_in_flight():
+    """0.125 s per token, two stages, no hop: A's prefill of 16 tokens at 0 holds each stage 1.0 s (ends 2.0); B's of 8
+    at 1.0 holds stage 0 [1.0, 1.5] and waits for stage 1 [2.0, 2.5]. The first stage frees at 1.5, but two batches are
+    in flight until A's ends: C (arrived at 1.2) is prefilled at 2.0, not 1.5."""
+    req = make_instance([16, 8, 8], [2, 2, 2], [0.0, 0.1, 1.2])
+    res = engine(req, VLLM(max_num_seqs=8), latency=LinearLatency(d0=0.0, d1=0.125, hardware=HW2)).run()
+    assert res.iterations.start.tolist()[:3] == pytest.approx([0.0, 1.0, 2.0])
+    assert res.requests.first_token_time.tolist() == pytest.approx([2.0, 2.5, 3.0])
+
+
+def test_sarathi_chunks_of_two_prompts_interleave_in_the_pipeline():
+    """Sarathi with chunks of 4 tokens, two prompts of 8 at 0, two stages, every batch 1.0 s whole (0.5 per stage):
+    A's first chunk [0, 1.0]; B's first chunk at 0.5 (A is in flight) -> 1.5; A's last chunk at 1.0 -> 2.0 (its first
+    token); B's last chunk at 1.5 -> 2.5; A decodes at 2.0 -> 3.0 (done), B at 2.5 -> 3.5 (done)."""
+    req = make_instance([8, 8], [2, 2])
+    res = engine(req, Sarathi(chunk_size=4, max_num_seqs=8), latency=LinearLatency(d0=1.0, d1=0.0, hardware=HW2)).run()
+    q = res.requests
+    assert q.first_token_time.tolist() == pytest.approx([2.0, 2.5])
+    assert q.completion_time.tolist() == pytest.approx([3.0, 3.5])
+    assert res.iterations.start.tolist() == pytest.approx([0.0, 0.5, 1.0, 1.5, 2.0, 2.5])
+
+
 def test_a_batch_holds_at_most_its_share_of_max_num_seqs():
     """max_num_seqs=4 on two stages: at most 2 requests per batch (Vidur's _max_micro_batch_size), at most 4 holding
     KV; six requests arriving at once fill both pipeline slots, so batches overlap in time."""

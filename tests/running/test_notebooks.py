@@ -42,6 +42,34 @@ def _hindsight_optimum(root):
     run([*cut, "--time-limit", "0", "--lp", "--out", str(root / "optimum" / "model1_lp.parquet")])
 
 
+#: notebook 10's grid, small: the study's shape (co-located, pipeline stages, a split; a GPU without a price) on the
+#: linear latency model, 120 requests
+SEARCH_SPEC = """
+overrides: [model=llama31_8b, latency=linear, latency.d0=0.05, latency.d1=0.001, workload=lmsys,
+            workload.num_requests=120, memory=paged, memory.capacity_tokens=auto, +demand=high,
+            router=least_outstanding]
+criterion: latency:metric=ttft,quantile=0.9,seconds=0.5
+gpu_budget: 8
+search: {start: 4.0, tolerance: 0.25, max_rate: 64}
+grid:
+  hardware: [a100_tp1, a40_tp1]
+  pipeline: [1, 2]
+  replicas: [1, 2]
+  deployments: [p1d3]
+  policies:
+    vllm: [{}]
+    mcsf: [{}]
+"""
+
+
+def _deployment_search(root):
+    spec = root / "study_llama31_8b_lmsys.yaml"
+    spec.parent.mkdir(parents=True, exist_ok=True)
+    spec.write_text(SEARCH_SPEC)
+    run(["kvstudy.search", "grid", str(spec), "--prices", "runpod", "--jobs", "2", "--out",
+         str(root / "search" / "study_llama31_8b_lmsys")])
+
+
 #: the small experiments (tests/small.py) each notebook reads, and its other commands. Each notebook's results are
 #: built into a folder of its own, so the notebooks are independent tests that pytest-xdist spreads over its workers
 #: (one session fixture building everything held one worker for ~6.5 minutes; issue 54, item 4). A notebook whose
@@ -57,8 +85,10 @@ EXPERIMENTS = {
     "07_hardware": ("hardware", "hardware_table1", "hardware_rr_sjf", "hardware_cacheopt"),
     "08_offload": ("offload_mooncake", "offload_mooncake_cluster"),
     "09_disaggregation": ("disaggregation", "disaggregation_hardware", "disaggregation_link"),
+    "10_deployment_search": (),
 }
-OTHER_COMMANDS = {"01_mcsf_paper": _regimes_and_alpha_search, "02_hindsight_optimum": _hindsight_optimum}
+OTHER_COMMANDS = {"01_mcsf_paper": _regimes_and_alpha_search, "02_hindsight_optimum": _hindsight_optimum,
+                  "10_deployment_search": _deployment_search}
 
 
 def build_results(notebook: str, root):

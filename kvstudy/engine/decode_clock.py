@@ -100,10 +100,11 @@ class DecodeClock:
             return set()
         held, s, bs, on_clock = self.held, self.s, self.bs, self.on_clock
         D = self.ticks
-        # entries of requests that left the clock (or joined it again) since they were scheduled are dropped here:
-        # steps that decode a list (no tick) would otherwise pile them up at this count and walk them every step
-        due = self.grow_at[D] = list(dict.fromkeys(i for i in due if on_clock[i]))
-        return {i for i in due if s[i] + self.tokens[i] + D - self.joined_at[i] > held.get(i, 0) * bs}
+        if len(due) > 64:  # entries of requests that left the clock (or joined it again) since they were scheduled:
+            # steps that decode a list (no tick, e.g. a pipeline's cut batches) would pile them up at this count and
+            # walk them every step; only the requests on the clock matter (every reader takes them as a set)
+            due = self.grow_at[D] = list({i for i in due if on_clock[i]})
+        return {i for i in due if on_clock[i] and s[i] + self.tokens[i] + D - self.joined_at[i] > held.get(i, 0) * bs}
 
     def grow_if_room(self, hold, room: int) -> bool:
         """This count's growing requests (``growing``) take their blocks (``grow``) if they are at most ``room``;

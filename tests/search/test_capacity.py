@@ -181,7 +181,9 @@ def test_an_interrupted_simulation_stops_the_search_without_a_result(monkeypatch
     that partial run as a probe: it stops (KeyboardInterrupt), and the grid writes nothing for the deployment."""
     from kvstudy import api
 
-    monkeypatch.setattr(api, "compose", lambda overrides: overrides)
+    from omegaconf import OmegaConf
+
+    monkeypatch.setattr(api, "compose", lambda overrides: OmegaConf.create({"demand": {"rate": 1.0}}))
     monkeypatch.setattr(api, "simulate", lambda cfg: (None, {"status": "interrupted"}))
     with pytest.raises(KeyboardInterrupt):
         deployment_capacity(["+policy=vllm"], SchedulingDelay(), start=1.0)

@@ -116,8 +116,11 @@ def _grid(args) -> int:
     found, above = int((table["status"] == "found").sum()), int((table["status"] == "above_range").sum())
     print(f"{len(table)} deployments under {spec.criterion_text}: {found} with a capacity, {above} meeting it at the "
           f"highest rate searched, {len(table) - found - above} skipped or unreachable")
+    if spec.slo:
+        limits = ", ".join(f"{k} <= {v:g} s" for k, v in spec.slo.items())
+        print(f"{int(table['meets_slo'].sum())} of them meet the SLO at capacity ({limits})")
     if top is None:
-        print("no deployment meets the SLO at any searched rate")
+        print("no deployment meets the SLO at any searched rate" + (" with its latencies at capacity" if spec.slo else ""))
     else:
         least = ">= " if top["status"] == "above_range" else ""
         print(f"best: {top['key']} ({top['gpus']} GPUs, ${top['usd_per_hour']:.2f}/h): capacity {least}"

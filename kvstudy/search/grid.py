@@ -1,6 +1,10 @@
 """The deployment search over a grid (issue 58, item 3): every deployment a spec names, each one's capacity under the
 spec's criterion (kvstudy/search/capacity.py), its cost per hour (kvstudy/search/prices.py), QPS per dollar and the
-Pareto frontier of cost against latency; the best deployment under the SLO.
+Pareto frontier of cost against latency; the best deployment under the SLO: its capacity under the criterion and, when the spec has an ``slo``, its
+latencies at that capacity within it (Vidur-Search's rule: capacity by scheduling delay, then TTFT and TBT at
+capacity, Agrawal et al. Sec. 6 and 7.3). A capacity criterion alone can be met in ways users do not feel as service:
+a policy that admits at once and evicts later (MC-SF on paged memory) keeps scheduling delay low at rates where TTFT
+is many seconds.
 
 The spec is a YAML file like Vidur-Search's config.yml (vidur/config_optimizer/config_explorer/config/), read and
 checked by ``read_spec``; why YAML and not a Hydra experiment: a search runs many searches of many simulations each,
@@ -13,6 +17,7 @@ multirun sweep::
     seeds: [0]
     gpu_budget: 16
     search: {start: 1.0, tolerance: 0.05, max_rate: 64}
+    slo: {ttft_p90: 2.0, tbt_p99: 0.2}              # optional: latencies at capacity a ranked deployment meets
     grid:
       hardware: [a100_tp2, a100_tp4, h100_tp2]      # options of the hardware group: device x TP
       pipeline: [1, 2]                                # pipeline stages of each co-located replica (default [1])
@@ -57,7 +62,10 @@ from kvstudy.search.prices import hourly_cost
 
 #: the shipped specs (``python -m kvstudy.search grid <name>``)
 SPECS = Path(__file__).with_name("specs")
-SPEC_KEYS = ("overrides", "criterion", "seeds", "gpu_budget", "search", "grid")
+SPEC_KEYS = ("overrides", "criterion", "seeds", "gpu_budget", "search", "slo", "grid")
+#: latency limits a deployment must meet at its capacity to be ranked (``slo`` in a spec; Vidur-Search's what-if study
+#: keeps a configuration only if its TTFT p90 <= 2 s and TBT p99 <= 0.2 s at capacity, Agrawal et al. Sec. 7.3)
+SLO_KEYS = ("ttft_p90", "tbt_p99", "e2e_median")
 GRID_KEYS = ("hardware", "pipeline", "replicas", "deployments", "policies")
 
 
@@ -83,6 +91,7 @@ class Spec:
     gpu_budget: int
     search: dict
     deployments: List[Deployment] = field(default_factory=list)
+    slo: Dict[str, float] = field(default_factory=dict)
 
 
 def _conf_dir() -> Path:
@@ -158,7 +167,16 @@ def read_spec(path) -> Spec:
     unknown = [k for k in grid if k not in GRID_KEYS]
     if unknown:
         raise ConfigError(f"{path}: grid.{unknown[0]}: not a grid axis; allowed: {', '.join(GRID_KEYS)}")
-    spec = Spec(list(overrides), criterion, str(text), list(seeds), budget, search)
+    slo = raw.get("slo") or {}
+    if not isinstance(slo, dict):
+        raise ConfigError(f"{path}: slo={slo!r}: allowed: a mapping of {', '.join(SLO_KEYS)} to seconds")
+    for key, value in slo.items():
+        if key not in SLO_KEYS:
+            raise ConfigError(f"{path}: slo.{key}: not a latency at capacity; allowed: {', '.join(SLO_KEYS)}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ConfigError(f"{path}: slo.{key}={value!r}: allowed: seconds > 0")
+    spec = Spec(list(overrides), criterion, str(text), list(seeds), budget, search,
+                slo={k: float(v) for k, v in slo.items()})
     spec.deployments = _deployments(grid, str(path))
     if not spec.deployments:
         raise ConfigError(f"{path}: grid: no deployment; allowed: grid.hardware with grid.replicas or "
@@ -283,7 +301,7 @@ def run_grid(spec: Spec, out: Path, prices: Dict, jobs: int = 1, log=print, laun
         raise
     finally:
         results.close()  # the launcher's jobs not finished are cancelled
-    table = results_table(done)
+    table = results_table(done, spec.slo)
     write_atomic(out / "results.parquet", lambda tmp: table.drop(columns=["searches"], errors="ignore")
                  .to_parquet(tmp, index=False))
     pareto_figure(table, out / "pareto.png", spec.criterion_text)
@@ -296,12 +314,17 @@ def _file_key(key: str) -> str:
     return plain if len(plain) <= 120 else hashlib.sha1(key.encode()).hexdigest()
 
 
-def results_table(records: List[dict]) -> pd.DataFrame:
-    """One row per deployment, the Pareto frontier of cost per request against TTFT p90 at capacity marked."""
+def results_table(records: List[dict], slo: Optional[Dict[str, float]] = None) -> pd.DataFrame:
+    """One row per deployment, the Pareto frontier of cost per request against TTFT p90 at capacity marked, and
+    ``meets_slo``: its latencies at capacity within ``slo`` (every deployment with a capacity, without one)."""
     table = pd.DataFrame(records)
-    for column in ("capacity", "usd_per_hour", "qps_per_usd_hour", "usd_per_million_requests", "ttft_p90"):
+    for column in ("capacity", "usd_per_hour", "qps_per_usd_hour", "usd_per_million_requests", *SLO_KEYS):
         if column not in table:
             table[column] = math.nan
+    meets = table["capacity"].notna() & (table["capacity"] > 0)
+    for key, limit in (slo or {}).items():
+        meets &= table[key] <= limit
+    table["meets_slo"] = meets
     table["pareto"] = False
     found = table[table["capacity"].notna() & (table["capacity"] > 0) & table["usd_per_hour"].notna()]
     for i, row in found.iterrows():  # not dominated: no other is at most as costly and as slow, and better in one
@@ -314,8 +337,11 @@ def results_table(records: List[dict]) -> pd.DataFrame:
 
 
 def best(table: pd.DataFrame) -> Optional[pd.Series]:
-    """The deployment with the most requests per second per dollar-hour (the cheapest per request) under the SLO."""
+    """The deployment with the most requests per second per dollar-hour (the cheapest per request) under the SLO:
+    its capacity under the criterion, its latencies at capacity within the spec's ``slo`` (``meets_slo``)."""
     found = table[table["capacity"].notna() & (table["capacity"] > 0) & table["qps_per_usd_hour"].notna()]
+    if "meets_slo" in found:
+        found = found[found["meets_slo"].astype(bool)]
     return None if found.empty else found.sort_values(["qps_per_usd_hour", "key"], ascending=[False, True]).iloc[0]
 
 

@@ -224,3 +224,33 @@ def test_slurm_without_sbatch_says_so(monkeypatch):
     monkeypatch.setattr(fanout.shutil, "which", lambda name: None)
     with pytest.raises(ConfigError, match="no sbatch on the PATH"):
         fanout.fan_out(_square, [1], "slurm")
+
+
+def test_the_slo_at_capacity_ranks_only_the_deployments_that_meet_it():
+    """Vidur-Search's rule: capacity by the criterion, then the latencies at that capacity within the SLO."""
+    records = [
+        {"key": "fast-but-late", "capacity": 10.0, "usd_per_hour": 1.0, "qps_per_usd_hour": 10.0,
+         "usd_per_million_requests": 27.8, "ttft_p90": 9.0, "tbt_p99": 0.1, "status": "found"},
+        {"key": "slower-in-time", "capacity": 4.0, "usd_per_hour": 1.0, "qps_per_usd_hour": 4.0,
+         "usd_per_million_requests": 69.4, "ttft_p90": 1.5, "tbt_p99": 0.1, "status": "found"},
+        {"key": "skipped", "status": "skipped", "reason": "8 GPUs over the budget of 4"},
+    ]
+    assert best(results_table(records))["key"] == "fast-but-late"
+    table = results_table(records, {"ttft_p90": 2.0, "tbt_p99": 0.2})
+    assert table.set_index("key")["meets_slo"].to_dict() == {"slower-in-time": True, "fast-but-late": False,
+                                                             "skipped": False}
+    assert best(table)["key"] == "slower-in-time"
+    assert best(results_table(records, {"ttft_p90": 1.0})) is None
+
+
+@pytest.mark.parametrize("slo,message", [
+    ("{ttft_p99: 2}", "slo.ttft_p99: not a latency at capacity; allowed: ttft_p90, tbt_p99, e2e_median"),
+    ("{ttft_p90: 0}", "slo.ttft_p90=0: allowed: seconds > 0"),
+    ("[2, 0.2]", "slo=[2, 0.2]: allowed: a mapping"),
+])
+def test_a_bad_slo_is_one_line(tmp_path, slo, message):
+    path = tmp_path / "spec.yaml"
+    path.write_text(f"slo: {slo}\ngrid: {{hardware: [a100_tp2], replicas: [1], policies: {{vllm: [{{}}]}}}}\n")
+    with pytest.raises(ConfigError) as err:
+        read_spec(path)
+    assert message in str(err.value) and "\n" not in str(err.value)

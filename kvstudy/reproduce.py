@@ -1,4 +1,4 @@
-"""``python -m kvstudy.reproduce mcsf|rr_sjf|cacheopt|prefix|cluster|hardware|disaggregation|offload|all [--dry-run] [--figures-only] [--jobs N] [--gallery]
+"""``python -m kvstudy.reproduce mcsf|rr_sjf|cacheopt|prefix|cluster|hardware|disaggregation|offload|search|all [--dry-run] [--figures-only] [--jobs N] [--gallery]
 [-- OVERRIDES]``
 
 One command per paper: every experiment of the paper (the table ``PAPERS`` below, the one list of them), one after
@@ -190,6 +190,20 @@ def _disaggregation() -> Tuple[Step, ...]:
             _sweep("disaggregation_link", item="the KV link from 1 to 50 GB/s per GPU (vLLM, 1P:3D)", seconds=10))
 
 
+#: issue 58's study: one grid per model and workload (kvstudy/search/specs/study_*.yaml, notebook 10)
+SEARCH_SPECS = ("study_llama2_70b_splitwise_conv", "study_llama2_70b_lmsys", "study_llama31_8b_splitwise_conv",
+                "study_llama31_8b_lmsys")
+
+
+def _search() -> Tuple[Step, ...]:
+    # seconds: the grids with --jobs 2 on this machine, 2026-11-29 (docs/search.md)
+    seconds = {"study_llama2_70b_splitwise_conv": 515, "study_llama2_70b_lmsys": 355,
+               "study_llama31_8b_splitwise_conv": 405, "study_llama31_8b_lmsys": 214}
+    return tuple(Step("kvstudy.search", ("grid", spec, "--prices", "runpod", "--out", f"outputs/search/{spec}"),
+                      f"the deployment search: {spec[len('study_'):]}", seconds[spec],
+                      output=f"outputs/search/{spec}/results.parquet") for spec in SEARCH_SPECS)
+
+
 def _hardware() -> Tuple[Step, ...]:
     # issue 48's study (docs/findings.md "GPUs beyond the A100", notebook 07); seconds measured 2026-11-28 with two
     # workers, warm predictor cache (a cold one adds a training per model and GPU: docs/findings.md)
@@ -226,6 +240,7 @@ PAPERS: Dict[str, Paper] = {
     "hardware": Paper("GPUs beyond the A100 (issue 48; beyond the papers)", _hardware(), ("07_hardware.ipynb",)),
     "disaggregation": Paper("Prefill/decode disaggregation (issue 57; beyond the papers)", _disaggregation(),
                             ("09_disaggregation.ipynb",)),
+    "search": Paper("The deployment search (issue 58; beyond the papers)", _search(), ("10_deployment_search.ipynb",)),
     "offload": Paper("A KV offload tier behind the prefix cache (issue 49; beyond the papers)", _offload(),
                      ("08_offload.ipynb",)),
 }
@@ -259,7 +274,7 @@ def command_args(step: Step, jobs: Optional[int] = None, overrides: Sequence[str
     if jobs is not None:
         if step.sweep:
             args.append(f"hydra.launcher.n_jobs={jobs}")
-        elif step.module == "kvstudy.optimum":
+        elif step.module in ("kvstudy.optimum", "kvstudy.search"):
             args += ["--jobs", str(jobs)]
     return args
 

@@ -326,7 +326,8 @@ def results_table(records: List[dict], slo: Optional[Dict[str, float]] = None) -
         meets &= table[key] <= limit
     table["meets_slo"] = meets
     table["pareto"] = False
-    found = table[table["capacity"].notna() & (table["capacity"] > 0) & table["usd_per_hour"].notna()]
+    # the frontier of the deployments that count: priced, and within the SLO at capacity when there is one
+    found = table[meets & table["usd_per_hour"].notna()]
     for i, row in found.iterrows():  # not dominated: no other is at most as costly and as slow, and better in one
         cheaper = found["usd_per_million_requests"] <= row["usd_per_million_requests"]
         faster = found["ttft_p90"] <= row["ttft_p90"]
@@ -354,6 +355,11 @@ def pareto_figure(table: pd.DataFrame, path: Path, criterion: str) -> None:
 
     found = table[table["capacity"].notna() & (table["capacity"] > 0) & table["usd_per_hour"].notna()]
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    missed = found[~found["meets_slo"].astype(bool)] if "meets_slo" in found else found.iloc[:0]
+    if len(missed):  # as Vidur's Fig. 5 shows them: present, but not on the frontier
+        ax.scatter(missed["usd_per_million_requests"], missed["ttft_p90"], s=14, facecolors="none",
+                   edgecolors="0.6", label="misses the SLO at capacity")
+    found = found.drop(missed.index)
     for policy, part in found.groupby("policy"):
         ax.scatter(part["usd_per_million_requests"], part["ttft_p90"], label=policy, s=18)
     front = found[found["pareto"]].sort_values("usd_per_million_requests")

@@ -66,7 +66,7 @@ def test_dry_run_prints_every_command(capsys):
     assert reproduce.main(["all", "--dry-run", "--jobs", "2"]) == 0
     out = capsys.readouterr().out
     for _, step in ALL_STEPS:
-        extra = " hydra.launcher.n_jobs=2" if step.sweep else (" --jobs 2" if step.module == "kvstudy.optimum" else "")
+        extra = " hydra.launcher.n_jobs=2" if step.sweep else (" --jobs 2" if step.module in ("kvstudy.optimum", "kvstudy.search") else "")
         assert step.command() + extra + "\n" in out, step.command()
     assert "notebooks/04_cacheopt.ipynb -> outputs/reproduce/cacheopt/04_cacheopt.html" in out
 
@@ -92,7 +92,7 @@ def test_the_cacheopt_script_runs_the_module():
     assert proc.stdout.count("python -m kvstudy +experiment=cacheopt_") == 20
 
 
-@pytest.mark.parametrize("args, says", [(["nope"], "unknown paper 'nope'; allowed: mcsf, rr_sjf, cacheopt, prefix, cluster, hardware, disaggregation, offload, all"),
+@pytest.mark.parametrize("args, says", [(["nope"], "unknown paper 'nope'; allowed: mcsf, rr_sjf, cacheopt, prefix, cluster, hardware, disaggregation, search, offload, all"),
                                         (["mcsf", "--jobs", "0"], "--jobs 0"),
                                         (["mcsf", "--", "hardware"], "not a Hydra override")])
 def test_bad_arguments_give_one_error_line_and_status_2(args, says):

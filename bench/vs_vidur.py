@@ -229,6 +229,33 @@ def agree(n: int, workloads=("splitwise_conv", "lmsys")) -> None:
                   flush=True)
 
 
+def _pair(workload: str, n: int, scheduler: str, modes, key: tuple, **where) -> list:
+    """Vidur's run and kvstudy's in each of ``modes`` at the same settings (``where``: replicas, router, pp), each
+    printed as a JSON line (without the per-request replica list); rows of (*key, mode, kvstudy's, Vidur's)."""
+    v = measure("vidur", workload, n, scheduler, "vidur", **where)
+    print(json.dumps({x: y for x, y in v.items() if x != "replica"}), flush=True)
+    rows = []
+    for mode in modes:
+        k = measure("kvstudy", workload, n, scheduler, mode, **where)
+        print(json.dumps({x: y for x, y in k.items() if x != "replica"}), flush=True)
+        rows.append((*key, mode, k, v))
+    return rows
+
+
+def _table(header: list, rows: list, metrics: tuple, extra) -> None:
+    """A Markdown table of ``_pair``'s rows: the row's key and mode, each metric as kvstudy (Vidur; difference), then
+    ``extra(kvstudy's, Vidur's)``'s cells."""
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for *key, mode, k, v in rows:
+        lead = " | ".join(str(x) for x in (*key, mode))
+        if not k.get("run_seconds") or not v.get("run_seconds"):
+            print(f"| {lead} | failed: {k.get('note') or v.get('note')} |")
+            continue
+        cells = [f"{k[m]:.2f} ({v[m]:.2f}; {_pct(k[m], v[m])})" for m in metrics] + extra(k, v)
+        print(f"| {lead} | " + " | ".join(cells) + " |", flush=True)
+
+
 def pipeline(n: int = 3000, stages=(2, 4), workloads=("splitwise_conv", "lmsys"),
              modes=("vllm_semantics", "aligned")) -> None:
     """Issue 58: pipeline parallelism against Vidur's own simulator. Llama2-70B on a100_tp2 with ``stages`` pipeline
@@ -238,24 +265,12 @@ def pipeline(n: int = 3000, stages=(2, 4), workloads=("splitwise_conv", "lmsys")
         rows = []
         for pp in (1, *stages):
             for scheduler in ("vllm", "sarathi"):
-                v = measure("vidur", workload, n, scheduler, "vidur", pp=pp)
-                print(json.dumps(v), flush=True)
-                for mode in modes:
-                    k = measure("kvstudy", workload, n, scheduler, mode, pp=pp)
-                    print(json.dumps(k), flush=True)
-                    rows.append((pp, scheduler, mode, k, v))
+                rows += _pair(workload, n, scheduler, modes, (pp, scheduler), pp=pp)
         print(f"\n{WORKLOADS[workload].format(n=n)}; Llama2-70B, a100_tp2 x PP stages, {CAPACITY} tokens in blocks of "
               f"{BLOCK}\n")
-        print("| PP | scheduler | kvstudy setting | makespan s (Vidur) | median TTFT s (Vidur) | median e2e s (Vidur) | "
-              "run s (Vidur) |")
-        print("|---|---|---|---|---|---|---|")
-        for pp, scheduler, mode, k, v in rows:
-            if not k.get("run_seconds") or not v.get("run_seconds"):
-                print(f"| {pp} | {scheduler} | {mode} | failed: {k.get('note') or v.get('note')} |")
-                continue
-            cells = [f"{k[m]:.2f} ({v[m]:.2f}; {_pct(k[m], v[m])})" for m in ("makespan", "median_ttft", "median_e2e")]
-            print(f"| {pp} | {scheduler} | {mode} | " + " | ".join(cells) +
-                  f" | {k['run_seconds']:.2f} ({v['run_seconds']:.2f}) |", flush=True)
+        _table(["PP", "scheduler", "kvstudy setting", "makespan s (Vidur)", "median TTFT s (Vidur)",
+                "median e2e s (Vidur)", "run s (Vidur)"], rows, ("makespan", "median_ttft", "median_e2e"),
+               lambda k, v: [f"{k['run_seconds']:.2f} ({v['run_seconds']:.2f})"])
 
 
 def cluster(n: int, replicas: int = 4, workloads=("splitwise_conv",), modes=("vllm_semantics", "aligned")) -> None:
@@ -267,28 +282,17 @@ def cluster(n: int, replicas: int = 4, workloads=("splitwise_conv",), modes=("vl
         rows = []
         for scheduler in ("vllm", "sarathi"):
             for router in ROUTER_NAMES:
-                v = measure("vidur", workload, n, scheduler, "vidur", replicas=replicas, router=router)
-                print(json.dumps({k: x for k, x in v.items() if k != "replica"}), flush=True)
-                for mode in modes:
-                    k = measure("kvstudy", workload, n, scheduler, mode, replicas=replicas, router=router)
-                    print(json.dumps({key: x for key, x in k.items() if key != "replica"}), flush=True)
-                    rows.append((scheduler, router, mode, k, v))
+                rows += _pair(workload, n, scheduler, modes, (scheduler, router), replicas=replicas, router=router)
         print(f"\n{WORKLOADS[workload].format(n=n)}; {replicas} replicas of Llama2-70B on a100_tp2, {CAPACITY} tokens "
               f"each in blocks of {BLOCK}\n")
-        print("| scheduler | router | kvstudy setting | makespan s (Vidur) | median e2e s (Vidur) | p99 e2e s (Vidur) | "
-              "median TTFT s (Vidur) | preemptions (Vidur) | same replica | run s (Vidur) |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
-        for scheduler, router, mode, k, v in rows:
-            if not k.get("run_seconds") or not v.get("run_seconds"):
-                print(f"| {scheduler} | {router} | {mode} | failed: {k.get('note') or v.get('note')} |")
-                continue
-            cells = [f"{k[m]:.2f} ({v[m]:.2f}; {_pct(k[m], v[m])})" for m in
-                     ("makespan", "median_e2e", "p99_e2e", "median_ttft")]
+        def extra(k, v):
             same = float(np.mean(np.asarray(k["replica"]) == np.asarray(v["replica"])))
-            print(f"| {scheduler} | {router} | {mode} | " + " | ".join(cells) +
-                  f" | {k['preemptions']} ({v['preemptions']}) | {same:.3f} | "
-                  f"{k['run_seconds']:.2f} ({v['run_seconds']:.2f}; {v['run_seconds'] / k['run_seconds']:.1f}x) |",
-                  flush=True)
+            return [f"{k['preemptions']} ({v['preemptions']})", f"{same:.3f}",
+                    f"{k['run_seconds']:.2f} ({v['run_seconds']:.2f}; {v['run_seconds'] / k['run_seconds']:.1f}x)"]
+
+        _table(["scheduler", "router", "kvstudy setting", "makespan s (Vidur)", "median e2e s (Vidur)",
+                "p99 e2e s (Vidur)", "median TTFT s (Vidur)", "preemptions (Vidur)", "same replica", "run s (Vidur)"],
+               rows, ("makespan", "median_e2e", "p99_e2e", "median_ttft"), extra)
 
 
 def spread(n: int, seeds=(0, 1, 2, 3, 4)) -> None:

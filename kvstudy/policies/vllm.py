@@ -156,22 +156,28 @@ class VLLM(StepPolicy):
             if skip_prefilling and in_prefill(i):
                 prefilling.append(i)
                 continue
-            need = view.decode_blocks_needed(i) if i in growing else 0  # only a growing request needs a block
-            # vLLM's can_append_slots (and Vidur) ask for one free block at every decode's turn, taken only if needed
-            while plan.free < max(need, spare):
-                if lo < hi:
-                    hi -= 1
-                    self._preempt(view, plan, queue[hi])
-                else:
-                    self._preempt(view, plan, i)
-                    break
-            else:
-                plan.free -= need
-                decoded += 1
+            hi, decodes = self._turn(view, plan, queue, i, lo, hi, spare)
+            decoded += decodes
         # every request the walk did not preempt decodes: that is decode_all after the preemptions
         plan.tokens += decoded
         plan.d.decode_all = decoded > 0
         return prefilling
+
+    def _turn(self, view: StepView, plan: _Plan, queue: List[int], i: int, lo: int, hi: int, spare: int):
+        """Request i's decode turn in a walk, ``queue[lo:hi]`` behind it. vLLM's can_append_slots (and Vidur) ask for
+        ``spare`` free blocks at every decode's turn and take one only if its context grows into it (``view.growing``);
+        while they are missing the back of the list is preempted, and i itself when nobody is left behind it.
+        Returns (the new ``hi``, whether i decodes)."""
+        need = view.decode_blocks_needed(i) if i in view.growing else 0
+        while plan.free < max(need, spare):
+            if lo < hi:
+                hi -= 1
+                self._preempt(view, plan, queue[hi])
+            else:
+                self._preempt(view, plan, i)
+                return hi, False
+        plan.free -= need
+        return hi, True
 
     def _walk_any(self, view: StepView, plan: _Plan, queue: List[int], skip_prefilling: bool) -> List[int]:
         """``_walk``, or ``_walk_micro`` when a pipeline's batch cannot hold every request of ``queue``."""
@@ -185,7 +191,7 @@ class VLLM(StepPolicy):
         the batch holds ``micro`` requests, preempting from the back of the whole list when a request cannot get its
         block; the decodes are listed (the requests past the cut neither decode nor are preempted). Returns the
         requests still in prefill that were passed over before the cut."""
-        prefilling, growing, spare, in_prefill = [], view.growing, _spare(view), view.in_prefill
+        prefilling, spare, in_prefill = [], _spare(view), view.in_prefill
         decode = plan.d.decode
         lo, hi = 0, len(queue)
         while lo < hi and len(decode) + len(plan.d.prefill) < micro:
@@ -195,16 +201,8 @@ class VLLM(StepPolicy):
                 if skip_prefilling:
                     prefilling.append(i)
                 continue
-            need = view.decode_blocks_needed(i) if i in growing else 0
-            while plan.free < max(need, spare):
-                if lo < hi:
-                    hi -= 1
-                    self._preempt(view, plan, queue[hi])
-                else:
-                    self._preempt(view, plan, i)
-                    break
-            else:
-                plan.free -= need
+            hi, decodes = self._turn(view, plan, queue, i, lo, hi, spare)
+            if decodes:
                 decode.append(i)
         plan.tokens += len(decode)
         return prefilling

@@ -137,8 +137,7 @@ def test_every_policy_runs_on_a_pipeline(name):
     (the Recorder's checks: blocks cover each running request's context, the running sums, a preempted request comes
     back with its tokens), KV within capacity, and no request gets two tokens closer than one whole batch time."""
     cfg = api.compose([f"+policy={name}"])
-    if cfg.memory.get("prefix_caching"):
-        pytest.skip("memory=paged_prefix: covered by the paged policies (the same engine path)")
+    prefix = bool(cfg.memory.get("prefix_caching"))  # the cache-aware policies run on vLLM's prefix cache
     for seed in range(2):
         rng = np.random.default_rng(seed)
         n = 40
@@ -146,7 +145,9 @@ def test_every_policy_runs_on_a_pipeline(name):
         policy = api.build_policy(copy.deepcopy(cfg))
         if getattr(policy, "preemptive", False):  # the Recorder wraps step policies (an admission one is adapted)
             policy = Recorder(policy)
-        res = engine(req, policy, capacity=80, latency=LinearLatency(d0=1.0, d1=0.0, hop=0.25, hardware=HW2),
+        memory = PagedMemory(80, block_size=4, watermark=0.0, swap_space_gb=4.0, decode_block_check="boundary",
+                             prefix_caching=prefix)
+        res = engine(req, policy, memory=memory, latency=LinearLatency(d0=1.0, d1=0.0, hop=0.25, hardware=HW2),
                      stall_limit=400).run()
         assert res.status == "completed", res.message
         assert (res.iterations["blocks_used"] <= 20).all()

@@ -58,7 +58,7 @@ from typing import Dict, List, Optional
 from kvstudy.cacheopt.allocation import allocate
 from kvstudy.cacheopt.preemption import choose_mode, victim_order
 from kvstudy.cacheopt.queue import DeadlineQueue
-from kvstudy.policies.request_states import DONE, ELSEWHERE, RUNNING, SWAPPED, WAITING
+from kvstudy.policies.request_states import DONE, ELSEWHERE, IN_FLIGHT, RUNNING, SWAPPED, WAITING
 from kvstudy.config.validate import check_group
 from kvstudy.errors import ConfigError
 from kvstudy.cacheopt.padding import adaptive_confidence, padded_output
@@ -539,10 +539,13 @@ class CacheOPT(StepPolicy):
         its KV then went to whoever preempted it [D]."""
         mem, bs = view.memory, view.memory.block_size
         for i, (j, need) in list(self._links.items()):
-            if view.state[i] != RUNNING or (view.state[j] != RUNNING and view.state[j] != DONE):
+            # in flight (a pipeline's batch, kvstudy/engine/pipeline.py) is still on the GPU
+            held_i = view.state[i] == RUNNING or view.state[i] == IN_FLIGHT
+            held_j = view.state[j] == RUNNING or view.state[j] == IN_FLIGHT
+            if not held_i or not (held_j or view.state[j] == DONE):
                 self._unlink(i)
                 continue
-            if view.state[j] == RUNNING:
+            if held_j or view.state[i] == IN_FLIGHT:  # r_j still holds its KV, or r_i cannot be named this step
                 continue
             self._unlink(i)
             target = mem.blocks(min(view.max_model_len, view.prompt[i] + self._so[i]))

@@ -27,6 +27,13 @@ def build_engine(requests, predicted, policy, latency, memory, swap, arch, hardw
                            "raise_prediction_on_eviction": raise_prediction_on_eviction})
     check_pairing(policy, memory, max_batch, raise_prediction_on_eviction, overflow_cost, arrivals)
     check_stages(latency, memory, hardware)
+    if int(getattr(latency, "stages", 1) or 1) > 1 and not getattr(policy, "preemptive", False):
+        # the adapter counts a running request's tokens from the decode count (every running request decodes in every
+        # counted iteration) and checks eq. (5) over the running set: neither holds with batches in flight
+        raise ConfigError(f"policy '{getattr(policy, 'name', type(policy).__name__)}' is admission-only (order + "
+                          f"admit, through kvstudy/policies/admission.py), which pipeline stages "
+                          f"(hardware.pipeline_parallel > 1) do not model; allowed there: step policies (vllm, "
+                          f"sarathi, the rr_sjf family, cacheopt, rlp, s3, lpm, dfs_weight)")
     if not getattr(policy, "preemptive", False):
         policy = Admission(policy, max_batch=max_batch, raise_on_eviction=raise_prediction_on_eviction)
     return StepEngine(requests, predicted, policy, latency, memory, swap, arch, hardware,

@@ -99,6 +99,10 @@ class VLLM(StepPolicy):
         """The most requests one batch may hold under pipeline parallelism (module docstring); None without it."""
         return max(1, self.max_num_seqs // view.stages) if view.stages > 1 else None
 
+    def _one_batch(self, view: StepView) -> bool:
+        """Every running request fits one batch (always without pipeline parallelism; with it, ``_micro``)."""
+        return view.stages == 1 or len(view.running) - len(view.prefilling) <= self._micro(view)
+
     def _running(self, view: StepView) -> List[int]:
         if self.running_order == "arrival":  # by (arrival, index): the engine's indices are in arrival order already
             return sorted(view.running)
@@ -278,7 +282,7 @@ class VLLM(StepPolicy):
             if plan.d.prefill:
                 return plan.d
         if (not view.swapped and view.running and not view.prefilling
-                and len(view.growing) + _spare(view) <= view.memory.free):
+                and len(view.growing) + _spare(view) <= view.memory.free and self._one_batch(view)):
             return DECODE_ALL  # the common step: every running request decodes and nobody is preempted
         plan = _Plan(view)
         self._schedule_decodes(view, plan, skip_prefilling=False)
@@ -302,7 +306,7 @@ class Sarathi(VLLM):
     def step(self, view: StepView) -> Decision:
         if (view.running and not view.prefilling and not view.swapped
                 and len(view.growing) + _spare(view) <= view.memory.free
-                and not (view.waiting and self._head_fits(view))):
+                and not (view.waiting and self._head_fits(view)) and self._one_batch(view)):
             return DECODE_ALL  # only decodes, nobody preempted, no prompt can start: the common step
         plan = _Plan(view)
         budget = self.chunk_size

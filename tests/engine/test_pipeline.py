@@ -104,6 +104,16 @@ def test_a_batch_holds_at_most_its_share_of_max_num_seqs():
     assert (q.completion_time - q.first_token_time >= 4 * 1.0 - 1e-9).all()
 
 
+def test_the_common_decode_step_also_keeps_the_cap():
+    """vLLM's decode-all shortcut may not take more than max_num_seqs // stages either: with max_num_seqs=4 on two
+    stages, arrivals at 0, 0, 1.1 and 2.0 bring three decoders back to the running list at once, and a batch still
+    holds at most 2 (found by a review: the shortcut ran before the cut)."""
+    req = make_instance([4, 4, 4, 4], [12, 12, 12, 12], [0.0, 0.0, 1.1, 2.0])
+    for policy in (VLLM(max_num_seqs=4), Sarathi(chunk_size=64, max_num_seqs=4)):
+        res = engine(req, policy, latency=LinearLatency(d0=1.0, d1=0.0, hop=0.5, hardware=HW2)).run()
+        assert res.status == "completed" and res.iterations.batch_size.max() == 2, policy.name
+
+
 def test_pipelining_halves_the_time_of_a_full_pipeline():
     """Eight requests decoding 40 tokens, a batch costing 0.125 s per token (d0 = 0): one stage decodes all eight in
     1 s per iteration; two stages of half the layers keep two batches of four in flight (max_num_seqs=8), each
@@ -138,6 +148,10 @@ def test_every_policy_runs_on_a_pipeline(name):
     back with its tokens), KV within capacity, and no request gets two tokens closer than one whole batch time."""
     cfg = api.compose([f"+policy={name}"])
     prefix = bool(cfg.memory.get("prefix_caching"))  # the cache-aware policies run on vLLM's prefix cache
+    if not getattr(api.build_policy(copy.deepcopy(cfg)), "preemptive", False):
+        with pytest.raises(ConfigError, match="is admission-only .* which pipeline stages"):
+            engine(make_instance([4], [2]), api.build_policy(copy.deepcopy(cfg)))
+        return
     for seed in range(2):
         rng = np.random.default_rng(seed)
         n = 40

@@ -26,14 +26,7 @@ def build_engine(requests, predicted, policy, latency, memory, swap, arch, hardw
     check_group("engine", {"overflow_cost": overflow_cost, "arrivals": arrivals, "max_batch": max_batch,
                            "raise_prediction_on_eviction": raise_prediction_on_eviction})
     check_pairing(policy, memory, max_batch, raise_prediction_on_eviction, overflow_cost, arrivals)
-    check_stages(latency, memory, hardware)
-    if int(getattr(latency, "stages", 1) or 1) > 1 and not getattr(policy, "preemptive", False):
-        # the adapter counts a running request's tokens from the decode count (every running request decodes in every
-        # counted iteration) and checks eq. (5) over the running set: neither holds with batches in flight
-        raise ConfigError(f"policy '{getattr(policy, 'name', type(policy).__name__)}' is admission-only (order + "
-                          f"admit, through kvstudy/policies/admission.py), which pipeline stages "
-                          f"(hardware.pipeline_parallel > 1) do not model; allowed there: step policies (vllm, "
-                          f"sarathi, the rr_sjf family, cacheopt, rlp, s3, lpm, dfs_weight)")
+    check_stages(policy, latency, memory, hardware)
     if not getattr(policy, "preemptive", False):
         policy = Admission(policy, max_batch=max_batch, raise_on_eviction=raise_prediction_on_eviction)
     return StepEngine(requests, predicted, policy, latency, memory, swap, arch, hardware,
@@ -79,11 +72,13 @@ def check_pairing(policy, memory, max_batch, raise_prediction_on_eviction: bool,
                           f"{which} does not model; set policy.embedding=false")
 
 
-def check_stages(latency, memory, hardware) -> None:
+def check_stages(policy, latency, memory, hardware) -> None:
     """Pipeline parallelism (``hardware.pipeline_parallel`` > 1) keeps batches in flight (kvstudy/engine/pipeline.py):
     the latency model must time those stages (``latency=vidur``, whose tables are trained for them, or
-    ``latency=linear``, whose d0 + d1 x tokens is one stage's compute) and the memory must count KV blocks
-    (``memory=paged``: the paper's constraint (3) has no batches in flight)."""
+    ``latency=linear``, whose d0 + d1 x tokens splits evenly over them), the memory must count KV blocks
+    (``memory=paged``: the paper's constraint (3) has no batches in flight), and the policy must be a step policy
+    (the admission adapter counts a running request's tokens from the decode count, every running request decoding
+    in every counted iteration, and checks eq. (5) over the running set: neither holds with batches in flight)."""
     pp = int(getattr(hardware, "pipeline_parallel", 1) or 1)
     stages = int(getattr(latency, "stages", 1) or 1)
     name = getattr(latency, "name", type(latency).__name__)
@@ -95,3 +90,8 @@ def check_stages(latency, memory, hardware) -> None:
     if stages > 1 and not memory.tracks_blocks:
         raise ConfigError(f"hardware.pipeline_parallel={pp} keeps batches in flight, which memory={memory.name} "
                           f"does not model; allowed: memory=paged")
+    if stages > 1 and not getattr(policy, "preemptive", False):
+        raise ConfigError(f"policy '{getattr(policy, 'name', type(policy).__name__)}' is admission-only (order + "
+                          f"admit, through kvstudy/policies/admission.py), which pipeline stages "
+                          f"(hardware.pipeline_parallel > 1) do not model; allowed there: step policies (vllm, "
+                          f"sarathi, the rr_sjf family, cacheopt, rlp, s3, lpm, dfs_weight)")

@@ -123,9 +123,8 @@ class VLLM(StepPolicy):
         When the free blocks cover every request that needs one (``view.growing``), the walk would preempt
         nobody: the decision is then ``decode_all`` without visiting each request (under
         ``memory.decode_block_check=vllm`` one more block must stay free, so every turn sees one)."""
-        micro = self._micro(view)
-        if micro is not None and len(view.running) - len(view.prefilling) > micro:
-            return self._walk_micro(view, plan, self._running(view), skip_prefilling, micro)
+        if not self._one_batch(view):
+            return self._walk_micro(view, plan, self._running(view), skip_prefilling, self._micro(view))
         if len(view.growing) + _spare(view) <= plan.free:
             plan.free -= len(view.growing)
             decoding = len(view.running) - len(view.prefilling)

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The sweeps whose results a refactoring must leave bit-identical (issues 45 and 56: 1,501 + 248 + 42 runs), run from
+# The sweeps whose results a refactoring must leave bit-identical (issues 45 and 56: 1,501 + 248 + 42 runs; issue 57's
+# disaggregation studies), run from
 # checkout SRC into OUT; then `python bench/compare_runs.py BEFORE_OUT AFTER_OUT`. prefix_mooncake needs the shared data: a worktree
 # outside the project folder finds it through KVSTUDY_SHARED=/path/to/shared/reference.
 #   git worktree add /tmp/base <commit>
@@ -27,3 +28,8 @@ r hardware +experiment=hardware
 r hardware_cacheopt +experiment=hardware_cacheopt
 r offload_mooncake +experiment=offload_mooncake
 r offload_mooncake_cluster +experiment=offload_mooncake_cluster
+# the disaggregation studies (issue 57), as kvstudy.reproduce runs them
+r disaggregation +experiment=disaggregation
+r disaggregation_hardware +experiment=disaggregation_hardware
+r disaggregation_ha +experiment=disaggregation_hardware +deployment=ha_p1d3,ha_p2d2,ha_p3d1 hardware=a100_tp2
+r disaggregation_link +experiment=disaggregation_link

@@ -37,12 +37,12 @@ predicted lengths are the predictor's; only the engine knows the true ones.
 """
 from __future__ import annotations
 
-from collections import deque
-from typing import Deque, List
+from typing import List
 
 from kvstudy.config.validate import check_group
 from kvstudy.policies.request_states import IN_FLIGHT, RUNNING, SWAPPED, WAITING
 from kvstudy.memory.base import LATER, NEVER, OK
+from kvstudy.policies.queue_order import QueueOrder
 from kvstudy.policies.step import RECOMPUTE, Decision, StepView
 from kvstudy.policies.vllm import VLLM, _Plan
 
@@ -70,9 +70,9 @@ class QueuedVLLM(VLLM):
     # --- per-run state ---------------------------------------------------------------------------------------
     def reset(self, seed: int) -> None:
         super().reset(seed)
-        # waiting (and, under swap, swapped-out) requests in this policy's order: a deque, as admissions leave its
-        # front and victims join it there, each O(1) at any queue length (issue 47)
-        self.order: Deque[int] = deque()
+        # waiting (and, under swap, swapped-out) requests in this policy's order: front, sorted middle and back, so
+        # admissions, victims and the SJF sorts cost O(log n) at any queue length (issues 47 and 59)
+        self.order = QueueOrder()
         self.run: List[int] = []  # running requests in this policy's order
         self.seen = 0  # arrivals (engine indices, in arrival order) already placed in ``order``
         self.wait_since = {}  # step whose end first counted request i as waiting (w = step - wait_since)
@@ -104,7 +104,7 @@ class QueuedVLLM(VLLM):
         self.seen = view.num_arrived
         expected = len(view.waiting) + (len(view.swapped) if self.preemption_mode != RECOMPUTE else 0)
         if len(self.order) != expected:
-            self.order = deque(i for i in self.order if state[i] == WAITING or state[i] == SWAPPED)
+            self.order.keep(lambda i: state[i] == WAITING or state[i] == SWAPPED)
         if len(self.run) != len(view.running) + view.in_flight:  # in flight (a pipeline's batch): kept in the list
             self.run = [i for i in self.run if state[i] == RUNNING or state[i] == IN_FLIGHT]
 
@@ -189,9 +189,7 @@ class QueuedVLLM(VLLM):
         started = [i for i, _ in plan.d.prefill] + list(plan.d.swap_in)
         if not started:
             return
-        taken, order = set(started), self.order
-        head = [order.popleft() for _ in range(min(walked, len(order)))]
-        order.extendleft(reversed([i for i in head if i not in taken]))
+        self.order.take(walked, started)
         for i in started:
             self.run_since[i] = view.step
             self.gen_at_start[i] = view.waiting_generated[i]
@@ -204,8 +202,8 @@ class RoundRobin(QueuedVLLM):
     name = "rr"
 
     def sorted_queues(self, view: StepView):
-        """(waiting, running) in this policy's order: RR's waiting queue is its own deque, changed in place (the
-        routine takes its head and puts it back, victims join the back: O(1) at any queue length)."""
+        """(waiting, running) in this policy's order: RR's waiting queue is its own, changed in place (the routine
+        takes its head and puts it back, victims join the back: O(1) at any queue length)."""
         return self.order, list(self.run)
 
     def routine(self, view: StepView, plan: _Plan, budget: int) -> None:
@@ -233,10 +231,11 @@ class RRSJF(RoundRobin):
     name = "rr_sjf"
 
     def sorted_queues(self, view: StepView):
-        step, since, pred = view.step, self.wait_since, view.predicted
-        W = deque(sorted(self.order, key=lambda i: (since[i] - step, pred[i])))  # -w, then p; stable otherwise
+        since, pred = self.wait_since, view.predicted
+        # -w, then p, stable otherwise: w = step - wait_since, and wait_since is fixed while a request waits
+        self.order.sort(lambda i: (since[i], pred[i]))
         R = sorted(self.run, key=lambda i: self.key(view, i))
-        return W, R
+        return self.order, R
 
 
 class SJF(QueuedVLLM):
@@ -251,13 +250,11 @@ class SJF(QueuedVLLM):
         self.run = sorted(self.run, key=key)
         if not self.order:
             return
-        W = list(self.order)
-        h = W.pop(0)
+        W = self.order
+        h = W.first()
         while self.run and key(self.run[-1]) > key(h) and not self.fits(view, plan, h, budget):
             v = self.run[-1]
             self._victim(view, plan, v)
-            W.insert(0, v)
+            W.appendleft(v)  # vLLM inserts it at the front; the sort below places it (the key is a total order)
             self.wait_since[v] = view.step
-        W.insert(0, h)
-        W.sort(key=key)
-        self.order = deque(W)
+        W.sort(key)

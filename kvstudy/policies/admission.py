@@ -35,12 +35,11 @@ the whole cache (vLLM's watermark rule for rejecting a prompt is the vLLM family
 """
 from __future__ import annotations
 
-import bisect
-import heapq
 from itertools import islice
 from typing import List
 
 import numpy as np
+from sortedcontainers import SortedList
 
 from kvstudy.errors import ConfigError
 from kvstudy.policies.base import Policy, SchedulerView
@@ -70,7 +69,7 @@ class _View(SchedulerView):
         return len(self._a._waiting)
 
     def _waiting_arrays(self) -> dict:
-        sv, idx = self._sv, self._a._waiting
+        sv, idx = self._sv, list(self._a._waiting)
         gen = sv.waiting_generated
         g = np.fromiter((gen[i] for i in idx), dtype=np.int64, count=len(idx))
         ids = np.asarray(idx, dtype=np.int64)
@@ -168,7 +167,7 @@ class _View(SchedulerView):
             n = a._n
             for key in a._by_pred:
                 i = key % n
-                yield bisect.bisect_left(waiting, i), prompt[i] + gen[i], key // n
+                yield waiting.bisect_left(i), prompt[i] + gen[i], key // n
         else:
             yield from super().ordered_waiting(by)
 
@@ -221,8 +220,11 @@ class Admission(StepPolicy):
 
     def forget(self) -> None:
         """Drop what the adapter kept of a run (the engine calls this when a run starts)."""
-        self._waiting: List[int] = []  # waiting requests, sorted by index (= arrival order, ties by id)
-        self._by_pred = [] if getattr(self.policy, "waiting_order", None) == "predicted" else None
+        # waiting requests sorted by index (= arrival order, ties by id), and eq. (6)'s keys: blocked sorted lists, so
+        # joining, leaving and reading a position cost O(log n) at any queue length (a Python list's deletes move
+        # O(n) pointers: alpha-greedy 21 -> 44 us per iteration from 10^5 to 10^6 requests, issue 59)
+        self._waiting = SortedList()
+        self._by_pred = SortedList() if getattr(self.policy, "waiting_order", None) == "predicted" else None
         self._arrived = 0
         self._returned: List[int] = []  # overflow victims, to re-enter the orders at the next step
         self._duplicates = None  # MC-SF's prefix-aware eq. (5): the last duplicate_blocks answer and when it was made
@@ -272,28 +274,23 @@ class Admission(StepPolicy):
             return
         state, gen = sv.state, sv.waiting_generated
         by_pred = self._by_pred
+        waiting = self._waiting
         for i in sv.joined:  # handed off to this replica (disaggregation): in the orders by their arrival
-            bisect.insort(self._waiting, i)
+            waiting.add(i)
             if by_pred is not None:
-                bisect.insort(by_pred, self._key(i, gen))
+                by_pred.add(self._key(i, gen))
         if sv.num_arrived > self._arrived:
-            for i in range(self._arrived, sv.num_arrived):
-                if state[i] == WAITING:
-                    self._waiting.append(i)
-                    if by_pred is not None:
-                        bisect.insort(by_pred, self._key(i, gen))
+            new = [i for i in range(self._arrived, sv.num_arrived) if state[i] == WAITING]
+            waiting.update(new)
+            if by_pred is not None:
+                by_pred.update([self._key(i, gen) for i in new])
             self._arrived = sv.num_arrived
         if not self._returned:
             return
         back = [i for i in self._returned if state[i] == WAITING]  # not rejected after a preemption
-        if len(back) <= 8:  # typical (a few victims): a binary-search insert each
-            for i in back:
-                bisect.insort(self._waiting, i)
-        else:  # a clearing of many: one merge
-            self._waiting = list(heapq.merge(self._waiting, sorted(back)))
+        waiting.update(back)
         if by_pred is not None:
-            for i in back:
-                bisect.insort(by_pred, self._key(i, gen))
+            by_pred.update([self._key(i, gen) for i in back])
         self._returned = []
 
     def step(self, sv) -> Decision:
@@ -317,15 +314,12 @@ class Admission(StepPolicy):
         by_pred = self._by_pred
         if by_pred is not None:
             for i in admitted:
-                del by_pred[bisect.bisect_left(by_pred, self._key(i, gen))]
+                by_pred.remove(self._key(i, gen))
         if chosen.max() == len(chosen) - 1:  # a prefix of the queue (FCFS policies)
             del waiting[: len(chosen)]
-        elif len(chosen) <= 64:  # a few from anywhere (shortest first): C-level deletes, no Python pass
-            for k in sorted(chosen.tolist(), reverse=True):
-                del waiting[k]
         else:
-            drop = set(chosen.tolist())
-            self._waiting = [w for k, w in enumerate(waiting) if k not in drop]
+            for i in admitted:
+                waiting.remove(i)
         count, off = sv.decode_count, self._off
         for i in admitted:
             off[i] = count - gen[i]

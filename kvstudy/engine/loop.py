@@ -877,10 +877,18 @@ class StepEngine:
         """Blocks held beyond the running requests' contexts (chunked prefills, reservations)."""
         st = self.state
         gpu, bs, s = self.memory.gpu, self.memory.block_size, st.prompt
+        prefilling, prefilled, held = st.prefilling, st.prefilled, st.reserved
+        # the decode clock's ``generated`` inlined: this runs every iteration over every reserving request (CacheOPT
+        # reserves for all of them: a third of its engine time at 10^5 requests, issue 59)
+        clock = st.clock
+        tokens, ticks, joined, on = clock.tokens, clock.ticks, clock.joined_at, clock.on_clock
         reserved = 0
-        for i in st.prefilling.union(st.reserved.intersection(st.running)):
-            ctx = st.prefilled[i] if i in st.prefilling else s[i] + st.clock.generated(i) - 1
-            reserved += gpu[i] - (ctx + bs - 1) // bs
+        for i in prefilling:
+            reserved += gpu[i] - (prefilled[i] + bs - 1) // bs
+        for i in st.running:
+            if i in held and i not in prefilling:
+                g = tokens[i] + ticks - joined[i] if on[i] else tokens[i]
+                reserved += gpu[i] - (s[i] + g - 2 + bs) // bs  # ctx = s + g - 1
         return reserved
 
     # --- the run's end -------------------------------------------------------------------------------------------

@@ -124,9 +124,12 @@ class StepView:
     def held_and_context(self) -> List[Tuple[int, int, int]]:
         """(request, tokens its GPU blocks hold, its context: prompt + generated) of every running request past its
         prefill, in running order: one pass, for policies that weigh each request's allocation (CacheOPT)."""
-        generated, gpu, bs = self._clock.generated, self.memory.gpu, self.memory.block_size
+        gpu, bs = self.memory.gpu, self.memory.block_size
         prompt, prefilled, target = self.prompt, self.prefilled, self.prefill_target
-        return [(j, gpu.get(j, 0) * bs, prompt[j] + generated(j)) for j in self.running if prefilled[j] >= target[j]]
+        clock = self._clock  # its ``generated`` inlined (every running request, every CacheOPT step)
+        tokens, ticks, joined, on = clock.tokens, clock.ticks, clock.joined_at, clock.on_clock
+        return [(j, gpu.get(j, 0) * bs, prompt[j] + (tokens[j] + ticks - joined[j] if on[j] else tokens[j]))
+                for j in self.running if prefilled[j] >= target[j]]
 
     def in_prefill(self, i: int) -> bool:
         return self.prefilled[i] < self.prefill_target[i]

@@ -97,6 +97,12 @@ class _View(SchedulerView):
     def waiting_member(self, pos: int) -> int:
         return self._a._waiting[pos]
 
+    def sharing_version(self) -> int:
+        """Changes whenever a block two or more requests hold gains or loses a holder (the prefix cache's
+        ``multi_version``): until it does, ``duplicate_blocks`` charges the same requests (a policy keeping what it
+        computed from them, MC-SF's prefix-aware eq. (5), may reuse it)."""
+        return self._sv.memory.cache.multi_version
+
     def __getattr__(self, name: str):
         if name not in SchedulerView.ARRAYS:
             raise AttributeError(name)

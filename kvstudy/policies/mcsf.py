@@ -55,18 +55,25 @@ class PrefixFutureMemoryPolicy(Policy):
         after the walk (None: not kept). On the paper's memory the check the last walk ended with (its admissions
         included) is kept and brought up to date instead of being rebuilt each iteration (issue 47): moved on by the
         rounds since (``FutureMemory.shifted``), and the requests that have left the running set since (finished,
-        or admissions the engine did not start) taken out (``FutureMemory.remove``); both exact. It is rebuilt when
-        the view's key changes (an eviction) or a running request is one the kept check never had."""
-        plain = view.block_size is None and self.admission != "authors_code" and not self.prefix_aware
-        signature = view.running_signature() if plain else None
+        or admissions the engine did not start) taken out (``FutureMemory.remove``); both exact. On paged memory the
+        check in blocks is kept the same way (``BlockFutureMemory.shifted`` / ``remove``, issue 59), and with
+        ``prefix_aware`` only while the prefix cache's sharing is unchanged (``view.sharing_version()``: who is charged
+        a shared block). It is rebuilt when the view's key changes (an eviction) or a running request is one the kept
+        check never had."""
+        signature = view.running_signature() if self.admission != "authors_code" else None
         if signature is None:
             return self._build_memory(view, budget), None
         key, rounds, members = signature
+        if self.prefix_aware:  # who is charged a shared block changes only when its holders do (issue 59)
+            key = (key, view.sharing_version())
         kept = getattr(self, "_kept", None)
         if kept is not None and kept[0] == key and kept[1] == budget:
             present = set(members)
             if present <= kept[4]:
-                memory = kept[2].shifted(rounds - kept[3])
+                if view.block_size is None:
+                    memory = kept[2].shifted(rounds - kept[3])
+                else:  # paged memory: point 0 is this iteration's blocks, the engine's count
+                    memory = kept[2].shifted(rounds - kept[3], view.running_kv_tokens // view.block_size)
                 if not present.issuperset(memory.ids):  # some finished (or were not started): out of the check
                     memory.remove({i for i in memory.ids if i not in present})
                 return memory, (key, budget, rounds, present)
@@ -78,7 +85,7 @@ class PrefixFutureMemoryPolicy(Policy):
         if self.prefix_aware:  # shared blocks charged to their longest-lived holder only
             w = w - view.block_size * view.duplicate_blocks(d)
         if view.block_size is not None:  # paged memory: eq. (5) in whole blocks, the prefill iteration charged
-            return BlockFutureMemory(budget, w, d, view.block_size, view.running_kv_tokens // view.block_size)
+            return BlockFutureMemory(budget, w, d, view.block_size, view.running_kv_tokens // view.block_size, ids=ids)
         if self.admission == "authors_code":
             return AuthorsCheck(budget, w, d, float(view.time), self.avg_batch_time)
         return FutureMemory(budget, w, d, ids=ids)
@@ -107,6 +114,7 @@ class PrefixFutureMemoryPolicy(Policy):
         taken = []
         shared = view.shared_tokens if self.prefix_aware else None
         name = view.waiting_member if keep is not None else None
+        kept_before = len(memory.ids) if keep is not None else 0
         for pos, prompt, predicted in view.ordered_waiting(self.waiting_order):
             if shared is not None:
                 prompt -= shared(pos, predicted)
@@ -115,7 +123,7 @@ class PrefixFutureMemoryPolicy(Policy):
             taken.append(pos)
         if keep is not None:  # the check as the walk left it: the running set with this step's admissions
             key, budget, rounds, running = keep  # who can run at the next step: these and the admitted
-            running.update(memory.ids[len(memory.ids) - len(taken):])
+            running.update(memory.ids[kept_before:])
             self._kept = (key, budget, memory, rounds, running)
         return np.asarray(taken, dtype=np.int64)
 

@@ -179,15 +179,56 @@ class BlockFutureMemory:
     O(K) per candidate plus O(N) when it adds a point (N requests kept, K points)."""
 
     def __init__(self, budget: int, running_w: np.ndarray, running_d: np.ndarray, block_size: int,
-                 now_blocks: int) -> None:
+                 now_blocks: int, ids=None) -> None:
+        """``ids``: optional names of the running requests, kept aligned with ``w`` and ``d`` (what ``remove`` takes)."""
         self.bs = int(block_size)
         self.capacity = int(budget) // self.bs
         keep = running_d >= 1
         self.w = running_w[keep].astype(np.int64)
         self.d = running_d[keep].astype(np.int64)
+        self.ids = None if ids is None else [i for i, k in zip(ids, keep.tolist()) if k]
         self.now = int(now_blocks)
         self.pts = np.unique(self.d)
         self.mem = self._blocks_at(self.w, self.d, self.pts, self.bs)
+
+    def shifted(self, rounds: int, now_blocks: int) -> "BlockFutureMemory":
+        """This check ``rounds`` decode rounds later, the running requests needing ``now_blocks`` now: as
+        ``FutureMemory.shifted``, since a request's blocks at point tau - rounds, ceil((w + rounds + tau - rounds) /
+        block_size), are its blocks at tau before; point 0 is the present, given (issue 59: MC-SF on paged memory keeps
+        its check as on the paper's)."""
+        out = BlockFutureMemory.__new__(BlockFutureMemory)
+        out.bs, out.capacity, out.now = self.bs, self.capacity, int(now_blocks)
+        if rounds == 0:
+            out.w, out.d, out.pts, out.mem = self.w, self.d, self.pts, self.mem  # never changed in place
+            out.ids = None if self.ids is None else list(self.ids)  # try_add appends to it
+            return out
+        keep = self.d >= 1 + rounds
+        out.w, out.d = self.w[keep] + rounds, self.d[keep] - rounds
+        if self.ids is None:
+            out.ids = None
+        else:
+            out.ids = list(self.ids) if len(out.d) == len(self.d) else [i for i, k in zip(self.ids, keep.tolist()) if k]
+        first = int(np.searchsorted(self.pts, 1 + rounds))
+        out.pts = self.pts[first:] - rounds
+        out.mem = self.mem[first:]
+        return out
+
+    def remove(self, gone) -> None:
+        """Take the requests named in ``gone`` out of the check, as ``FutureMemory.remove`` (their blocks at every point
+        up to their end subtracted, points where nobody is left to end dropped): the check built for the rest."""
+        out = [k for k, i in enumerate(self.ids) if i in gone]
+        if not out:
+            return
+        mem, pts, bs = self.mem.copy(), self.pts, self.bs
+        for k in out:
+            upto = int(np.searchsorted(pts, self.d[k], side="right"))
+            mem[:upto] -= (self.w[k] + pts[:upto] + bs - 1) // bs
+        keep = np.ones(len(self.ids), dtype=bool)
+        keep[out] = False
+        self.w, self.d = self.w[keep], self.d[keep]
+        self.ids = [i for i in self.ids if i not in gone]
+        ends = np.isin(pts, self.d)
+        self.mem, self.pts = mem[ends], pts[ends]
 
     @staticmethod
     def _blocks_at(w: np.ndarray, d: np.ndarray, pts: np.ndarray, bs: int) -> np.ndarray:
@@ -210,9 +251,10 @@ class BlockFutureMemory:
         second = at_least[active, np.minimum(bs + 1 - b, bs)]  # r >= bs + 1 - b: nobody when b = 0
         return sum_q[active] + active * a + first + second
 
-    def try_add(self, w: int, d: int) -> bool:
+    def try_add(self, w: int, d: int, name=None) -> bool:
         """Add a request whose prefill of w tokens starts now and that then decodes d more rounds, if eq. (5) in
-        blocks still holds at tau = 0 and at every point."""
+        blocks still holds at tau = 0 and at every point (``name``: its id, when the check keeps ``ids``; a request
+        with d < 1 counts at tau = 0 only and is not kept, as a running one past its predicted end)."""
         bs = self.bs
         now = self.now + (w + bs - 1) // bs
         if now > self.capacity:
@@ -230,5 +272,7 @@ class BlockFutureMemory:
                 self.pts = np.concatenate((self.pts[:idx], [d], self.pts[idx:]))
             self.w = np.concatenate((self.w, [w]))
             self.d = np.concatenate((self.d, [d]))
+            if self.ids is not None:
+                self.ids.append(name)
         self.mem, self.now = at_pts, now
         return True

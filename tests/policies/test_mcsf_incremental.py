@@ -117,3 +117,57 @@ def test_a_kept_check_without_some_requests_equals_one_built_for_the_rest(seed):
     for name in ("pts", "gained", "mem", "w", "d"):
         assert np.array_equal(getattr(check, name), getattr(fresh, name)), name
     assert check.ids == [i for i in ids if i not in gone]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_kept_block_check_moved_on_or_reduced_equals_one_built_then(seed):
+    """BlockFutureMemory.shifted(r, now) and .remove (issue 59: MC-SF keeps its check on paged memory too): the same
+    points, blocks at them and terms as a check built for the running set then, and the same answers for candidates."""
+    from kvstudy.policies.memory_check import BlockFutureMemory
+
+    rng = np.random.default_rng(2000 + seed)
+    k, bs = int(rng.integers(0, 40)), int(rng.choice([1, 4, 16]))
+    w, d = rng.integers(1, 300, k), rng.integers(-3, 40, k)
+    budget, ids = int(rng.integers(200, 8000)), list(range(500, 500 + k))
+    base = BlockFutureMemory(budget, w, d, bs, 7, ids=ids)
+    for rounds in (0, 1, 2, 5, 17, 70):
+        moved, fresh = base.shifted(rounds, 11), BlockFutureMemory(budget, w + rounds, d - rounds, bs, 11)
+        for name in ("pts", "mem", "w", "d", "now", "capacity"):
+            assert np.array_equal(getattr(moved, name), getattr(fresh, name)), (rounds, name)
+        assert moved.ids == [i for i, x in zip(ids, d - rounds) if x >= 1]
+        for _ in range(5):
+            cw, cd = int(rng.integers(1, 300)), int(rng.integers(0, 40))
+            assert moved.try_add(cw, cd, -1) == fresh.try_add(cw, cd)
+    gone = {i for i in ids if rng.random() < 0.4}
+    kept = base.shifted(0, 7)
+    kept.remove(gone)
+    stay = np.array([i not in gone for i in ids], dtype=bool)
+    fresh = BlockFutureMemory(budget, w[stay], d[stay], bs, 7)
+    for name in ("pts", "mem", "w", "d"):
+        assert np.array_equal(getattr(kept, name), getattr(fresh, name)), name
+
+
+@pytest.mark.parametrize("overrides", [
+    ["+policy=mcsf", "memory=paged", "memory.capacity_tokens=6000"],
+    ["+policy=mc_benchmark", "memory=paged", "memory.capacity_tokens=6000", "predictor=gaussian_noise",
+     "predictor.sigma=0.6"],
+    ["+policy=mcsf_prefix", "workload=shared_prompt", "memory.capacity_tokens=8000", "predictor=gaussian_noise",
+     "predictor.sigma=0.6"],
+], ids=["mcsf-paged", "mc_benchmark-paged-noisy", "mcsf_prefix-shared-noisy"])
+def test_whole_runs_with_the_kept_check_on_paged_memory_equal_fresh_checks(overrides, monkeypatch):
+    """The kept check (shifted, reduced, reused while the prefix cache's sharing is unchanged) against the check built
+    afresh in every iteration: the same requests and iterations, on paged memory with and without shared blocks."""
+    from kvstudy import api
+    from kvstudy.policies.mcsf import PrefixFutureMemoryPolicy
+
+    from kvstudy.policies.memory_check import BlockFutureMemory
+
+    cfg = ["+demand=high", "workload.num_requests=400", "latency=linear", "engine.progress=false", *overrides]
+    reused, shifted = [], BlockFutureMemory.shifted
+    monkeypatch.setattr(BlockFutureMemory, "shifted", lambda self, *a: reused.append(1) or shifted(self, *a))
+    kept, _ = api.simulate(api.compose(cfg))
+    assert len(reused) > 100  # the kept check was used, not rebuilt every time
+    monkeypatch.setattr(PrefixFutureMemoryPolicy, "_memory", lambda self, view, budget: (
+        self._build_memory(view, budget), None))
+    fresh, _ = api.simulate(api.compose(cfg))
+    assert kept.requests.equals(fresh.requests) and kept.iterations.equals(fresh.iterations)

@@ -38,6 +38,7 @@ class Recorder(StepPolicy):
     def __init__(self, inner):
         self.inner, self.name = inner, inner.name
         self.at_preemption = {}
+        self.indexed_waiting = getattr(inner, "indexed_waiting", False)  # the engine keeps the queue the policy reads
         if callable(getattr(inner, "prepare", None)):  # CacheOPT's SLOs pass through
             self.prepare = inner.prepare
         if callable(getattr(inner, "overflow_victims", None)):  # an adapted admission policy: the engine detects it

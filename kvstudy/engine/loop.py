@@ -61,6 +61,7 @@ import numpy as np
 from kvstudy.engine import records
 from kvstudy.engine.check import check_decision, located
 from kvstudy.engine.events import EventLog
+from kvstudy.engine.indexed_queue import IndexedQueue
 from kvstudy.engine.pipeline import InFlight, Pipeline
 from kvstudy.engine.state import RunState
 from kvstudy.engine.states import (DONE, FUTURE, IN_FLIGHT, REJECTED, RUNNING, WAITING, EngineResult, PolicyError,
@@ -169,6 +170,17 @@ class StepEngine:
         own_order = self.adapted or bool(getattr(self.policy, "own_queue_order", False))
         self.state = st = RunState(r, self.predicted, self.paper, mem.block_size if mem.tracks_blocks else 0,
                                    mem.gpu, own_queue_orders=own_order)
+        if mem.prefix_caching:
+            mem.cache.on_first = None  # (a queue of an earlier run is not told)
+        if getattr(self.policy, "indexed_waiting", False):  # kvstudy/engine/indexed_queue.py
+            clock, prompt = st.clock, st.prompt
+            if mem.prefix_caching:
+                st.waiting = IndexedQueue(lambda i: prompt[i] + clock.tokens[i],
+                                          lambda i: mem.first_block(i, prompt[i] + clock.tokens[i]),
+                                          mem.first_block_cached)
+                mem.cache.on_first = st.waiting.told_cached
+            else:
+                st.waiting = IndexedQueue(lambda i: prompt[i] + clock.tokens[i])
         self.rows = records.row_log(mem)
         if self.adapted:
             self.policy.forget()  # a second run of this engine starts from nothing, as the first
@@ -385,7 +397,6 @@ class StepEngine:
                 continue
             first_token, first_scheduled = payload
             st.request_state[i] = WAITING
-            st.waiting.append(i)
             if i < st.policy_arrived:  # else the policy meets it among its next step's arrivals (StepView.joined)
                 st.joined.append(i)
             st.clock.tokens[i] = 1  # the prefill replica made token 1; this one computes its KV and makes token 2
@@ -393,6 +404,7 @@ class StepEngine:
             st.first_scheduled[i] = first_scheduled
             st.prefill_target[i] = st.prompt[i] + 1
             st.prefilled[i] = st.supplied[i] = st.prompt[i]  # a policy plans the one token left to compute
+            st.waiting.append(i)  # with its token counted (an indexed queue sizes it as it joins)
             if self.events is not None:
                 self.events.add(first_token, i, "handed_in", tokens=st.prompt[i])
         return inbox[0][0] if inbox else math.inf

@@ -359,6 +359,32 @@ class PrefixCachingMemory(PagedMemory):
             return None
         return self._keys(segments, computed)
 
+    def first_block(self, i: int, tokens: int):
+        """A name of request i's first full block within ``tokens`` tokens, or None (it has none, or shares nothing):
+        the segments up to the one the block ends in and its end offset there. Two requests' first blocks have one key
+        exactly when their names are equal (``BlockKeys``); unlike a key, a name does not depend on the order keys
+        were made in, so naming a block changes nothing."""
+        bs, segments = self.block_size, self._segments(i)
+        if tokens < bs or segments is None:
+            return None
+        start = 0
+        for s, (key, length) in enumerate(segments):
+            if start + length >= bs:
+                return tuple((k, n) for k, n in segments[:s + 1]), bs - start
+            start += length
+        return None
+
+    def first_block_cached(self, name) -> bool:
+        """Whether the first block named ``name`` (``first_block``) is cached now (in use or in the evictor)."""
+        chains, chain = self._keys._chains, -1
+        segments, offset = name
+        for key, length in segments:
+            chain = chains.get((chain, key, length))
+            if chain is None:  # never keyed: never cached
+                return False
+        key = (chain << 32) + offset
+        return key in self.cache.ref or key in self.cache.evictor
+
     def cached_tokens(self, i: int, tokens: int) -> int:
         """Its longest cached prefix of whole blocks, at most tokens - 1 (with offload tiers: and the blocks after it a
         tier holds, if they would be loaded)."""

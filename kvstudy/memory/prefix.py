@@ -133,6 +133,8 @@ class PrefixCache:
         self.multi_version = 0  # changes whenever a block two or more requests hold gains or loses one
         #: ``keys -> None``: told the keys of every cached block evicted (an offload tier writes them; None: nobody)
         self.on_evict = None
+        #: ``i -> None``: told when request i's first block is cached (kvstudy/engine/indexed_queue.py; None: nobody)
+        self.on_first = None
 
     def track_users(self) -> None:
         """Keep who holds each keyed block (a policy weighing shared blocks by their holders asks for it: MC-SF's
@@ -246,6 +248,8 @@ class PrefixCache:
         end = min(full_blocks, len(self.pending[i]))
         if end <= start:
             return
+        if start == 0 and self.on_first is not None:
+            self.on_first(i)
         new = self.pending[i][start:end]
         ref, evictor = self.ref, self.evictor
         if ref.keys().isdisjoint(new) and evictor.keys().isdisjoint(new):  # the usual case, in bulk

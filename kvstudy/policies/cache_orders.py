@@ -13,11 +13,15 @@ admission against memory is unchanged (vLLM's), so a comparison isolates what th
   Depth-first from the root, children heaviest first (ties: the order in which the queue first reaches them; SGLang:
   the tree's insertion order), each node's requests after its whole subtree, unmatched requests last.
 
-Either is computed only when the policy is about to admit, and costs O(sum of matched blocks) over the queue.
+Either is computed only when the policy is about to admit. LPM costs O(sum of matched blocks) over the queue (at most
+128 requests). ``dfs_weight`` builds its tree over the requests whose first block is cached only, which the engine's
+queue keeps (kvstudy/engine/indexed_queue.py, issue 59): the others are at the root, last, in queue order, so they
+are read only as far as the admission walk goes. The order is the same as the tree over the whole queue.
 """
 from __future__ import annotations
 
-from typing import Dict, List
+from itertools import chain
+from typing import Dict, Iterable, List
 
 #: SGLang: above this many waiting requests LPM falls back to FCFS (its matching would cost too much per step)
 LPM_MAX_QUEUE = 128
@@ -72,13 +76,20 @@ def dfs_weight_order(view, queue: List[int]) -> List[int]:
     return out
 
 
-def ordered(view, order: str) -> List[int]:
+def ordered(view, order: str) -> Iterable[int]:
     """The waiting queue in ``order`` (FCFS: the engine's queue order, recompute victims first). Taken in the
     engine's order, it is the engine's queue itself, not a copy (the caller only reads it): an admission under
-    overload then costs the same at any queue length (issue 47)."""
+    overload then costs the same at any queue length (issue 47). ``dfs_weight`` on an indexed queue: the tree of the
+    requests whose first block is cached, then the others as the queue has them, read lazily (issue 59)."""
     waiting = view.waiting
     if (order == "fcfs" or getattr(view.memory, "cache", None) is None or len(waiting) < 2
             or (order == "lpm" and len(waiting) > LPM_MAX_QUEUE)):
         return waiting
+    if order == "dfs_weight" and hasattr(waiting, "matched"):
+        matched = waiting.matched()
+        if not matched:
+            return waiting
+        inside = set(matched)
+        return chain(dfs_weight_order(view, matched), (i for i in waiting if i not in inside))
     queue = list(waiting)
     return lpm_order(view, queue) if order == "lpm" else dfs_weight_order(view, queue)

@@ -156,6 +156,9 @@ class StepPolicy:
     #: order (nor ``view.waiting[0]``); the engine then keeps the queue as a set, a start or a return O(1) wherever
     #: the request sits (issue 47). The admission adapter and the QueuedVLLM family (kvstudy/policies/rr_sjf.py) do.
     own_queue_order = False
+    #: True: the policy reads ``view.waiting.smallest()`` and ``view.waiting.matched()`` (SGLang's dfs_weight order);
+    #: the engine then keeps the queue as an :class:`~kvstudy.engine.indexed_queue.IndexedQueue` (issue 59)
+    indexed_waiting = False
 
     def reset(self, seed: int) -> None:
         """Called once before a run; a policy keeps no other state between runs."""

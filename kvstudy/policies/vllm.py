@@ -83,6 +83,7 @@ class VLLM(StepPolicy):
                                "max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens,
                                "running_order": running_order, "waiting_order": waiting_order})
         self.waiting_order = waiting_order
+        self.indexed_waiting = waiting_order == "dfs_weight"  # the engine indexes its queue (cache_orders.py)
         self.preemption_mode = preemption_mode
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -233,7 +234,10 @@ class VLLM(StepPolicy):
             return False
         mem = view.memory
         if self.waiting_order != "fcfs" and not (self.waiting_order == "lpm" and len(view.waiting) > LPM_MAX_QUEUE):
-            blocks = -(-min(view.prompt[i] + view.waiting_generated[i] for i in view.waiting) // mem.block_size)
+            waiting = view.waiting
+            smallest = waiting.smallest() if hasattr(waiting, "smallest") else min(  # an engine's IndexedQueue
+                view.prompt[i] + view.waiting_generated[i] for i in waiting)
+            blocks = -(-smallest // mem.block_size)
             return mem.free - blocks >= mem.watermark_blocks or mem.num_blocks - blocks < mem.watermark_blocks
         i = view.waiting[0]
         blocks = -(-(view.prompt[i] + view.waiting_generated[i]) // mem.block_size)

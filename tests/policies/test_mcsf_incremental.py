@@ -171,3 +171,13 @@ def test_whole_runs_with_the_kept_check_on_paged_memory_equal_fresh_checks(overr
         self._build_memory(view, budget), None))
     fresh, _ = api.simulate(api.compose(cfg))
     assert kept.requests.equals(fresh.requests) and kept.iterations.equals(fresh.iterations)
+
+
+
+def test_memory_over_capacity_after_a_candidates_end_admits_nobody():
+    """A check over capacity at a point past the candidate's end (110 > 105 at tau = 100) refuses it, though memory up
+    to its end would hold it: a cheaper check that looks only up to the candidate's end must keep this."""
+    from kvstudy.policies.memory_check import FutureMemory
+
+    assert not FutureMemory(105, np.array([10]), np.array([100])).try_add(1, 1)
+    assert FutureMemory(110, np.array([10]), np.array([100])).try_add(1, 1)

@@ -44,6 +44,16 @@ class WaitingSet(dict):
         self.update(dict.fromkeys(items))
 
 
+def shared_list(requests, array: np.ndarray) -> list:
+    """``array.tolist()``, made once per array of a request set and kept on it (``requests._lists``, with the array,
+    so its id is not reused): every replica's run state reads the same list. Callers never change it."""
+    lists = requests.__dict__.setdefault("_lists", {})
+    kept = lists.get(id(array))
+    if kept is None or kept[0] is not array:
+        kept = lists[id(array)] = (array, array.tolist())
+    return kept[1]
+
+
 class RunState:
     """Everything a run changes, named for what it holds. Built once per run by the engine (``StepEngine.loop``)."""
 
@@ -52,13 +62,15 @@ class RunState:
         n = self.n = len(requests)
         self.requests = requests
         # --- the requests, as the loop reads them (lists: fast single-element access) ---
-        self.prompt = s = requests.prompt_tokens.tolist()
+        # read-only lists, made once per request set: the replicas of a cluster share them (issue 59)
+        self.prompt = s = shared_list(requests, requests.prompt_tokens)
         #: output tokens in the memory model's convention (paper: o + 1, the prompt's round produces one)
-        self.output = [x + 1 for x in requests.output_tokens.tolist()] if paper else requests.output_tokens.tolist()
-        self.arrival = requests.arrival_time.tolist()
+        self.output = [x + 1 for x in requests.output_tokens.tolist()] if paper else shared_list(
+            requests, requests.output_tokens)
+        self.arrival = shared_list(requests, requests.arrival_time)
         self.predicted_array = np.asarray(predicted, dtype=np.int64)
-        self.predicted = self.predicted_array.tolist()
-        self.request_id = requests.request_id.tolist()
+        self.predicted = shared_list(requests, self.predicted_array)
+        self.request_id = shared_list(requests, requests.request_id)
         # --- where each request is ---
         #: per request its state code (kvstudy/engine/states.py: FUTURE, WAITING, RUNNING, DONE, REJECTED, SWAPPED,
         #: ELSEWHERE); a numpy array, so records and the driver select by state in one call

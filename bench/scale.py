@@ -15,7 +15,9 @@ waited for. Every configuration runs in a fresh child process (so peak RSS is it
 (Llama2-70B on a100_tp2, M = 16,492), `engine.progress=false`. Reported: the simulation's wall time
 (`simulate_seconds`: the engine loop, without set-up), microseconds per iteration, the child's peak RSS, and
 the run's status. `--timeout S` (default 900) abandons a configuration; it is printed as a timeout. Runs of
-two checkouts should be made back to back: this machine's speed drifts by +-30% over minutes. `--vidur` times
+two checkouts should be made back to back: this machine's speed drifts by +-30% over minutes. `wall s` is the whole
+`api.simulate` call: for CacheOPT it includes the runs of its SLO reference systems (vLLM, RLP, S3, Sarathi on the
+same requests, spec B8.12) before its own, so at 10^6 requests it needs a `--timeout` of about 900 s. `--vidur` times
 Vidur's simulator with its vLLM scheduler on LMSYS-like requests at lambda = 10 (bench/vs_vidur.py's set-up, the
 like-for-like comparison with kvstudy's `vllm` policy is `python bench/vs_vidur.py speed`): Vidur has no MC-SF.
 """
@@ -70,11 +72,12 @@ def vidur_run(n: int, timeout: float) -> dict:
 
 def row(label, n, res):
     if "simulate_seconds" not in res:
-        print(f"| {label} | {n:,} | | | | {res['status']} |", flush=True)
+        print(f"| {label} | {n:,} | | | | | {res['status']} |", flush=True)
         return
     per_it = res["simulate_seconds"] / max(res["iterations"], 1) * 1e6
-    print(f"| {label} | {n:,} | {res['simulate_seconds']:.2f} | {per_it:.1f} | {res['peak_mb']:.0f} | "
-          f"{res['status']} ({res['completed']:,} done, {res['iterations']:,} iterations) |", flush=True)
+    print(f"| {label} | {n:,} | {res['simulate_seconds']:.2f} | {res['total_seconds']:.2f} | {per_it:.1f} | "
+          f"{res['peak_mb']:.0f} | {res['status']} ({res['completed']:,} done, {res['iterations']:,} iterations) |",
+          flush=True)
 
 
 def main(argv=None) -> int:
@@ -96,15 +99,15 @@ def main(argv=None) -> int:
         args.policies = ",".join(p for p in api.options("policy") if not p.startswith("cacheopt_"))
     policies = [p for p in args.policies.split(",") if p]
     last = {}  # policy -> (requests, simulate seconds) of its last completed size
-    print("| config | requests | simulate s | µs per iteration | peak MB | status |")
-    print("|---|---|---|---|---|---|")
+    print("| config | requests | simulate s | wall s | µs per iteration | peak MB | status |")
+    print("|---|---|---|---|---|---|---|")
     if not (args.traces or args.trace):
         for n in (int(x) for x in args.sizes.split(",")):
             for policy in policies:
                 label = f"{policy}, LMSYS-like, λ = 50"
                 if args.budget and policy in last and last[policy][1] * n / last[policy][0] > args.budget:
                     m, secs = last[policy]
-                    print(f"| {label} | {n:,} | | | | skipped: {secs:.1f} s at {m:,} scales to "
+                    print(f"| {label} | {n:,} | | | | | skipped: {secs:.1f} s at {m:,} scales to "
                           f"{secs * n / m:.0f} s > {args.budget:.0f} s |", flush=True)
                     last[policy] = (n, secs * n / m)
                     continue

@@ -61,39 +61,16 @@ class FutureMemory:
         (``steps`` None)."""
         out = FutureMemory.__new__(FutureMemory)
         out.capacity, out.steps = self.capacity, None
-        if rounds == 0:
-            out.w, out.d, out.pts, out.gained, out.mem = self.w, self.d, self.pts, self.gained, self.mem
-            out.ids = None if self.ids is None else list(self.ids)  # try_add appends to it
-            return out
-        keep = self.d >= 1 + rounds
-        out.w, out.d = self.w[keep] + rounds, self.d[keep] - rounds
-        if self.ids is None:
-            out.ids = None
-        else:  # usually nobody drops out: a copy (C speed) rather than a filtering pass
-            out.ids = list(self.ids) if len(out.d) == len(self.d) else [i for i, k in zip(self.ids, keep.tolist()) if k]
-        first = int(np.searchsorted(self.pts, 1 + rounds))
-        out.pts = out.gained = self.pts[first:] - rounds
-        out.mem = self.mem[first:]
+        _move(self, out, rounds)
+        out.gained = out.pts
         return out
 
     def remove(self, gone) -> None:
         """Take the requests named in ``gone`` (a set of ``ids``) out of the check: memory at each point loses their
         w + tau, and points where no request is left to end are dropped, so the check is the one built for the rest
         (exact, eq. (5) only). MC-SF's kept check loses the requests that finished since (issue 47)."""
-        out = [k for k, i in enumerate(self.ids) if i in gone]
-        if not out:
-            return
-        mem, pts = self.mem.copy(), self.pts
-        for k in out:
-            upto = int(np.searchsorted(pts, self.d[k], side="right"))
-            mem[:upto] -= self.w[k] + pts[:upto]
-        keep = np.ones(len(self.ids), dtype=bool)
-        keep[out] = False
-        self.w, self.d = self.w[keep], self.d[keep]
-        self.ids = [i for i in self.ids if i not in gone]
-        ends = np.isin(pts, self.d)
-        self.mem, self.pts = mem[ends], pts[ends]
-        self.gained = self.pts
+        if _remove(self, gone, lambda w, pts: w + pts):
+            self.gained = self.pts
 
     def fits(self) -> bool:
         return bool(len(self.mem) == 0 or self.mem.max() <= self.capacity)
@@ -122,6 +99,45 @@ class FutureMemory:
         if self.ids is not None:
             self.ids.append(name)
         return True
+
+
+def _move(check, out, rounds: int) -> None:
+    """``out``'s terms, points and memory: ``check``'s ``rounds`` decode rounds later (each w + rounds, each d -
+    rounds; points below 1 and requests past their end out; memory at the others unchanged). Its arrays are never
+    changed in place, so ``rounds`` 0 shares them. Both checks' ``shifted``."""
+    if rounds == 0:
+        out.w, out.d, out.pts, out.mem = check.w, check.d, check.pts, check.mem
+        out.ids = None if check.ids is None else list(check.ids)  # try_add appends to it
+        return
+    keep = check.d >= 1 + rounds
+    out.w, out.d = check.w[keep] + rounds, check.d[keep] - rounds
+    if check.ids is None:
+        out.ids = None
+    else:  # usually nobody drops out: a copy (C speed) rather than a filtering pass
+        out.ids = list(check.ids) if len(out.d) == len(check.d) else [i for i, k in zip(check.ids, keep.tolist()) if k]
+    first = int(np.searchsorted(check.pts, 1 + rounds))
+    out.pts = check.pts[first:] - rounds
+    out.mem = check.mem[first:]
+
+
+def _remove(check, gone, held) -> bool:
+    """Take the requests named in ``gone`` out of ``check``: memory at each point up to a request's end loses
+    ``held(w, points)``, and points where nobody is left to end are dropped. Both checks' ``remove``; returns whether
+    anything changed."""
+    out = [k for k, i in enumerate(check.ids) if i in gone]
+    if not out:
+        return False
+    mem, pts = check.mem.copy(), check.pts
+    for k in out:
+        upto = int(np.searchsorted(pts, check.d[k], side="right"))
+        mem[:upto] -= held(check.w[k], pts[:upto])
+    keep = np.ones(len(check.ids), dtype=bool)
+    keep[out] = False
+    check.w, check.d = check.w[keep], check.d[keep]
+    check.ids = [i for i in check.ids if i not in gone]
+    ends = np.isin(pts, check.d)
+    check.mem, check.pts = mem[ends], pts[ends]
+    return True
 
 
 def running_terms(view) -> tuple:
@@ -198,37 +214,14 @@ class BlockFutureMemory:
         its check as on the paper's)."""
         out = BlockFutureMemory.__new__(BlockFutureMemory)
         out.bs, out.capacity, out.now = self.bs, self.capacity, int(now_blocks)
-        if rounds == 0:
-            out.w, out.d, out.pts, out.mem = self.w, self.d, self.pts, self.mem  # never changed in place
-            out.ids = None if self.ids is None else list(self.ids)  # try_add appends to it
-            return out
-        keep = self.d >= 1 + rounds
-        out.w, out.d = self.w[keep] + rounds, self.d[keep] - rounds
-        if self.ids is None:
-            out.ids = None
-        else:
-            out.ids = list(self.ids) if len(out.d) == len(self.d) else [i for i, k in zip(self.ids, keep.tolist()) if k]
-        first = int(np.searchsorted(self.pts, 1 + rounds))
-        out.pts = self.pts[first:] - rounds
-        out.mem = self.mem[first:]
+        _move(self, out, rounds)
         return out
 
     def remove(self, gone) -> None:
         """Take the requests named in ``gone`` out of the check, as ``FutureMemory.remove`` (their blocks at every point
         up to their end subtracted, points where nobody is left to end dropped): the check built for the rest."""
-        out = [k for k, i in enumerate(self.ids) if i in gone]
-        if not out:
-            return
-        mem, pts, bs = self.mem.copy(), self.pts, self.bs
-        for k in out:
-            upto = int(np.searchsorted(pts, self.d[k], side="right"))
-            mem[:upto] -= (self.w[k] + pts[:upto] + bs - 1) // bs
-        keep = np.ones(len(self.ids), dtype=bool)
-        keep[out] = False
-        self.w, self.d = self.w[keep], self.d[keep]
-        self.ids = [i for i in self.ids if i not in gone]
-        ends = np.isin(pts, self.d)
-        self.mem, self.pts = mem[ends], pts[ends]
+        bs = self.bs
+        _remove(self, gone, lambda w, pts: (w + pts + bs - 1) // bs)
 
     @staticmethod
     def _blocks_at(w: np.ndarray, d: np.ndarray, pts: np.ndarray, bs: int) -> np.ndarray:

@@ -120,3 +120,17 @@ def test_a_token_off_the_clock_counts_its_gap():
     assert st.first_token[0] == 1.0 and st.last_token[0] == 3.5 and st.max_gap[0] == 2.5
     assert st.off_clock_gaps == [2.5]
     assert np.isnan(st.completion[0])
+
+
+def test_replicas_share_the_read_only_request_lists():
+    """Two run states over one request set (two replicas) read the same prompt, arrival, predicted and id lists
+    (issue 59: made once), equal to the arrays; a new prediction array gets its own list."""
+    req = make_instance([3, 5, 7], [2, 4, 6])
+    a = RunState(req, req.output_tokens, paper=False, block_size=4, held={}, own_queue_orders=False)
+    b = RunState(req, req.output_tokens, paper=False, block_size=4, held={}, own_queue_orders=False)
+    for name in ("prompt", "output", "arrival", "predicted", "request_id"):
+        assert getattr(a, name) is getattr(b, name)
+    assert a.prompt == [3, 5, 7] and a.predicted == [2, 4, 6] and a.arrival == req.arrival_time.tolist()
+    c = RunState(req, np.array([9, 9, 9]), paper=False, block_size=4, held={}, own_queue_orders=False)
+    assert c.predicted == [9, 9, 9] and a.predicted == [2, 4, 6]
+    assert RunState(req, req.output_tokens, paper=True, block_size=0, held={}, own_queue_orders=False).output == [3, 5, 7]

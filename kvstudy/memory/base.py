@@ -21,7 +21,7 @@ reads the queries through ``view.memory`` and never changes anything.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Hashable, Iterable, Optional, Protocol, Sequence, Tuple, runtime_checkable
+from typing import Callable, TYPE_CHECKING, Hashable, Iterable, Optional, Protocol, Sequence, Tuple, runtime_checkable
 
 if TYPE_CHECKING:
     from kvstudy.memory.connector import KVConnector
@@ -44,6 +44,9 @@ class PrefixIndex(Protocol):
     multi: dict
     #: a counter that changes whenever ``multi`` or its keys' holders change (a policy's memo key)
     multi_version: int
+    #: ``i -> None``, told when request i's first block is cached (the engine's indexed waiting queue sets it,
+    #: kvstudy/engine/indexed_queue.py; None: nobody is told)
+    on_first: Optional[Callable[[int], None]]
 
     def hit(self, keys: Sequence[Hashable], most: Optional[int] = None) -> int:
         """How many of ``keys``, from the first, are cached (in use or evictable), at most ``most``."""
@@ -103,6 +106,14 @@ class BlockAllocator(Protocol):
 
     def keys(self, i: int, tokens: int) -> list:
         """Keys of request i's full blocks within its first ``tokens`` (prefix caching; empty without it)."""
+
+    def first_block(self, i: int, tokens: int) -> Optional[Hashable]:
+        """A name of request i's first full block within ``tokens``, equal for two requests exactly when their first
+        blocks are one cached block, and independent of the order keys are made in; None: it has none, or nothing
+        is cached (prefix caching off)."""
+
+    def first_block_cached(self, name: Hashable) -> bool:
+        """Whether the first block ``first_block`` named is cached now (False without prefix caching)."""
 
     def cache_stats(self) -> Tuple[int, int]:
         """Prefix caching's (blocks holding a cached prefix, evictions so far); (0, 0) without a cache."""

@@ -258,6 +258,13 @@ class PagedMemory:
         """Keys of request i's full blocks within its first ``tokens`` tokens: none without prefix caching."""
         return []
 
+    def first_block(self, i: int, tokens: int):
+        """No prefix caching: no block is ever cached."""
+        return None
+
+    def first_block_cached(self, name) -> bool:
+        return False
+
     def cached_tokens(self, i: int, tokens: int) -> int:
         """Tokens of request i's first ``tokens`` a prefill starting now would skip: none without prefix caching."""
         return 0

@@ -115,6 +115,12 @@ class PaperMemory:
     def keys(self, i: int, tokens: int) -> list:
         return []
 
+    def first_block(self, i: int, tokens: int):
+        return None
+
+    def first_block_cached(self, name) -> bool:
+        return False
+
     def set_segments(self, segments) -> None:
         """No prefix caching on this memory: shared content is not used."""
 

@@ -106,6 +106,7 @@ class NoPrefixIndex:
     users = None
     multi: dict = {}
     multi_version = 0
+    on_first = None
 
     def hit(self, keys, most=None) -> int:
         return 0

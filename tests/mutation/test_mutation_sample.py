@@ -80,6 +80,18 @@ def test_one_loan_within_the_hosts_spare_blocks_is_carried_out():
     assert res.status == "completed"
 
 
+def test_a_host_reserved_for_and_lending_to_two_guests_in_one_step_takes_its_reservation_once():
+    """Issue 59's bug (CacheOPT at 10^6 requests): A holds 10 blocks; one step tops A up to 48 tokens (12 blocks) and
+    lends 2 of them to B and 2 to C. Blocks in use after it: A 8, B 2, C 2 = 12, as the check counts. Holding A's
+    reservation again before the second loan took back the first loan's 2 blocks: 14."""
+    policy = Scripted(Decision(prefill=[(0, 8)], reserve={0: 40}),
+                      Decision(prefill=[(1, 4), (2, 4)], decode_all=True, reserve={0: 48},
+                               lend=[(1, 0, 2), (2, 0, 2)]))
+    res = step_engine(make_instance([8, 4, 4], [4, 4, 4]), policy, capacity=64).run()
+    assert res.status == "completed"
+    assert res.iterations.blocks_used.tolist()[:2] == [10, 12]
+
+
 # --- an overflow's cost when the latency model reads produced tokens ------------------------------------------------
 def test_an_overflow_under_the_authors_formula_costs_the_overflowing_batch():
     """tests/policies/test_admission_paged.py's alpha-greedy overflow (prompts 3, outputs 7, 3 blocks of 4) timed by the MC-SF

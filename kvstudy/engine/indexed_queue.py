@@ -27,11 +27,12 @@ from sortedcontainers import SortedList
 class IndexedQueue(deque):
     """A ``deque`` of waiting requests (the engine appends arrivals, puts victims at the front and removes starts) that
     keeps ``smallest()`` and ``matched()`` (module docstring). ``size(i)``: the tokens request i's prefill takes;
-    ``first_block(i)``: a name of its first full block, or None; ``cached(name)``: whether that block is cached now
-    (both None without prefix caching)."""
+    ``first_block(i, tokens)``: a name of its first full block within those tokens, or None, and ``cached(name)``:
+    whether that block is cached now (the memory's ``first_block`` / ``first_block_cached``: None and False without
+    prefix caching)."""
 
-    def __init__(self, size: Callable[[int], int], first_block: Optional[Callable[[int], Optional[Hashable]]] = None,
-                 cached: Optional[Callable[[Hashable], bool]] = None) -> None:
+    def __init__(self, size: Callable[[int], int], first_block: Callable[[int, int], Optional[Hashable]],
+                 cached: Callable[[Hashable], bool]) -> None:
         super().__init__()
         self._size, self._first_block, self._cached = size, first_block, cached
         self.number: dict = {}  # i -> its place in queue order
@@ -62,9 +63,7 @@ class IndexedQueue(deque):
         self.number[i] = number
         size = self.size_of[i] = self._size(i)
         self.sizes.add((size, i))
-        if self._first_block is None:
-            return
-        name = self._first_block(i)
+        name = self._first_block(i, size)
         if name is None:
             return
         self.first[i] = name
@@ -93,10 +92,9 @@ class IndexedQueue(deque):
 
     def told_cached(self, i: int) -> None:
         """The prefix cache cached request i's first block (``PrefixCache.on_first``)."""
-        if self._first_block is not None:
-            name = self._first_block(i)
-            if name is not None and name in self.groups:
-                self.hot.add(name)
+        name = self._first_block(i, self._size(i))
+        if name is not None and name in self.groups:
+            self.hot.add(name)
 
     def matched(self) -> List[int]:
         """The waiting requests whose first block is cached now, in queue order."""

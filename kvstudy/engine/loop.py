@@ -174,13 +174,9 @@ class StepEngine:
             mem.cache.on_first = None  # (a queue of an earlier run is not told)
         if getattr(self.policy, "indexed_waiting", False):  # kvstudy/engine/indexed_queue.py
             clock, prompt = st.clock, st.prompt
+            st.waiting = IndexedQueue(lambda i: prompt[i] + clock.tokens[i], mem.first_block, mem.first_block_cached)
             if mem.prefix_caching:
-                st.waiting = IndexedQueue(lambda i: prompt[i] + clock.tokens[i],
-                                          lambda i: mem.first_block(i, prompt[i] + clock.tokens[i]),
-                                          mem.first_block_cached)
                 mem.cache.on_first = st.waiting.told_cached
-            else:
-                st.waiting = IndexedQueue(lambda i: prompt[i] + clock.tokens[i])
         self.rows = records.row_log(mem)
         if self.adapted:
             self.policy.forget()  # a second run of this engine starts from nothing, as the first

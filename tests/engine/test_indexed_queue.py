@@ -15,7 +15,7 @@ def test_order_smallest_and_matched_equal_a_direct_count(seed):
     size = {i: rng.randint(1, 50) for i in range(400)}
     first = {i: rng.choice([None, "a", "b", "c", "d"]) for i in range(400)}
     cached = set()
-    q = IndexedQueue(size.__getitem__, first.__getitem__, cached.__contains__)
+    q = IndexedQueue(size.__getitem__, lambda i, tokens: first[i], cached.__contains__)
     ref, nxt = deque(), 0
     for _ in range(800):
         op = rng.random()

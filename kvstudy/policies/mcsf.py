@@ -114,7 +114,6 @@ class PrefixFutureMemoryPolicy(Policy):
         taken = []
         shared = view.shared_tokens if self.prefix_aware else None
         name = view.waiting_member if keep is not None else None
-        kept_before = len(memory.ids) if keep is not None else 0
         for pos, prompt, predicted in view.ordered_waiting(self.waiting_order):
             if shared is not None:
                 prompt -= shared(pos, predicted)
@@ -123,7 +122,7 @@ class PrefixFutureMemoryPolicy(Policy):
             taken.append(pos)
         if keep is not None:  # the check as the walk left it: the running set with this step's admissions
             key, budget, rounds, running = keep  # who can run at the next step: these and the admitted
-            running.update(memory.ids[kept_before:])
+            running.update(memory.joined)
             self._kept = (key, budget, memory, rounds, running)
         return np.asarray(taken, dtype=np.int64)
 

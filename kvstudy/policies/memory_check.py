@@ -29,12 +29,14 @@ class FutureMemory:
         self.capacity = capacity
         self.steps = steps
         keep = running_d >= 1
-        self.w = running_w[keep].astype(np.int64)
-        self.d = running_d[keep].astype(np.int64)
-        self.ids = None if ids is None else [i for i, k in zip(ids, keep.tolist()) if k]
+        w, d = running_w[keep].astype(np.int64), running_d[keep].astype(np.int64)
+        # the terms kept sorted by d (ties in the given order): those that end drop out as a prefix (``_move``)
+        order = np.argsort(d, kind="stable")
+        self.w, self.d = w[order], d[order]
+        self.ids = None if ids is None else _sorted_ids(ids, keep, order)
+        self.joined = []  # names added by ``try_add`` since this check was built or moved on
         if len(self.d):
-            order = np.argsort(self.d)
-            d_sorted, w_sorted = self.d[order], self.w[order]
+            d_sorted, w_sorted = self.d, self.w
             # the distinct check points, as np.unique gives them, from the sort done anyway (np.unique costs a
             # second sort per round; this loop runs every iteration)
             distinct = np.empty(len(d_sorted), dtype=bool)
@@ -51,6 +53,7 @@ class FutureMemory:
         else:
             pts = gained = mem = np.empty(0, dtype=np.int64)
         self.pts, self.gained, self.mem = pts, gained, mem
+        self._refused = None  # (w, d, rounds): a candidate known to be refused for that many more rounds (try_add)
 
     def shifted(self, rounds: int) -> "FutureMemory":
         """This check ``rounds`` decode rounds later, when every running request has decoded that many more tokens:
@@ -63,6 +66,7 @@ class FutureMemory:
         out.capacity, out.steps = self.capacity, None
         _move(self, out, rounds)
         out.gained = out.pts
+        out._refused = _still_refused(self._refused, rounds)
         return out
 
     def remove(self, gone) -> None:
@@ -70,52 +74,89 @@ class FutureMemory:
         w + tau, and points where no request is left to end are dropped, so the check is the one built for the rest
         (exact, eq. (5) only). MC-SF's kept check loses the requests that finished since (issue 47)."""
         if _remove(self, gone, lambda w, pts: w + pts):
-            self.gained = self.pts
+            self.gained, self._refused = self.pts, None
 
     def fits(self) -> bool:
         return bool(len(self.mem) == 0 or self.mem.max() <= self.capacity)
 
     def try_add(self, w: int, d: int, name=None) -> bool:
         """Add a request starting now with prompt w and predicted output d if eq. (5) still holds (``name``: its id,
-        when the check keeps ``ids``)."""
-        at_pts = self.mem + np.where(self.pts <= d, w + self.gained, 0)
-        if len(at_pts) and at_pts.max() > self.capacity:
+        when the check keeps ``ids``).
+
+        The candidate adds w + gained at the first k points (those <= d, the points sorted) and nothing after.
+
+        A refusal at a point p <= d by e tokens (memory there with the candidate M + e) holds, on eq. (5) itself, for
+        the same candidate while the check is only moved on (``shifted``): r rounds later the point p - r has the same
+        memory (the same requests still hold what they held at p), and the candidate adds r fewer tokens there, so it
+        is refused for every r < min(e, p). The check remembers that bound (``_refused``) and answers the same
+        candidate at once until it runs out, is taken out (``remove``) or another is added: MC-Benchmark's head of the
+        queue waits many rounds, refused each (issue 59 item 2). Exact: the answer is the one computed in full."""
+        ref = self._refused
+        if ref is not None and ref[0] == w and ref[1] == d:
             return False
-        idx = np.searchsorted(self.pts, d)
-        if idx < len(self.pts) and self.pts[idx] == d:
-            self.mem = at_pts
-        else:
-            mask = self.d >= d
+        pts, mem, capacity = self.pts, self.mem, self.capacity
+        k = int(pts.searchsorted(d, "right"))
+        if k:
+            head = mem[:k] + (w + self.gained[:k])
+            top = int(head.argmax())
+            if int(head[top]) > capacity:
+                if self.steps is None:
+                    self._refused = (w, d, min(int(head[top]) - capacity, int(pts[top])))
+                return False
+        if k < len(pts) and int(mem[k:].max()) > capacity:
+            return False
+        if not (k and pts[k - 1] == d):
+            j = int(self.d.searchsorted(d, "left"))  # the requests with d_i >= d: a suffix
             g = d if self.steps is None else int(self.steps(np.array([d], dtype=np.int64))[0])
-            at_d = int(self.w[mask].sum()) + g * int(mask.sum()) + w + g
-            if at_d > self.capacity:
+            at_d = int(self.w[j:].sum()) + g * (len(self.d) - j) + w + g
+            if at_d > capacity:
                 return False
             # concatenated slices, not np.insert / np.append: the same arrays at a sixth of the cost on these sizes
-            self.mem = np.concatenate((at_pts[:idx], [at_d], at_pts[idx:]))
-            self.pts = np.concatenate((self.pts[:idx], [d], self.pts[idx:]))
-            self.gained = self.pts if self.steps is None else np.concatenate((self.gained[:idx], [g], self.gained[idx:]))
-        self.w = np.concatenate((self.w, [w]))
-        self.d = np.concatenate((self.d, [d]))
-        if self.ids is not None:
-            self.ids.append(name)
+            self.mem = np.concatenate((head, [at_d], mem[k:])) if k else np.concatenate(([at_d], mem))
+            self.pts = np.concatenate((pts[:k], [d], pts[k:]))
+            self.gained = self.pts if self.steps is None else np.concatenate((self.gained[:k], [g], self.gained[k:]))
+        else:
+            self.mem = np.concatenate((head, mem[k:]))
+        self._refused = None
+        _insert(self, int(self.d.searchsorted(d, "right")), w, d, name)
         return True
+
+
+def _still_refused(ref, rounds: int):
+    """A remembered refusal (w, d, rounds it holds for) ``rounds`` later: what is left of it, or None."""
+    return None if ref is None or ref[2] <= rounds else (ref[0], ref[1], ref[2] - rounds)
+
+
+def _sorted_ids(ids, keep, order) -> list:
+    """``ids`` of the kept requests (``keep``), in the order ``order`` sorts them."""
+    kept = [i for i, k in zip(ids, keep.tolist()) if k]
+    return [kept[o] for o in order.tolist()]
+
+
+def _insert(check, at: int, w: int, d: int, name) -> None:
+    """A new term (w, d) and its name into ``check``'s terms at position ``at`` (after any with the same d: the
+    terms stay sorted by d, ties in the order they joined)."""
+    check.w = np.concatenate((check.w[:at], [w], check.w[at:]))
+    check.d = np.concatenate((check.d[:at], [d], check.d[at:]))
+    if check.ids is not None:
+        check.ids.insert(at, name)
+        check.joined.append(name)
 
 
 def _move(check, out, rounds: int) -> None:
     """``out``'s terms, points and memory: ``check``'s ``rounds`` decode rounds later (each w + rounds, each d -
-    rounds; points below 1 and requests past their end out; memory at the others unchanged). Its arrays are never
-    changed in place, so ``rounds`` 0 shares them. Both checks' ``shifted``."""
+    rounds; points below 1 and requests past their end out; memory at the others unchanged). The terms are sorted by
+    d, so those past their end are a prefix, sliced off. Its arrays are never changed in place, so ``rounds`` 0 shares
+    them. Both checks' ``shifted``."""
+    out.joined = []
     if rounds == 0:
         out.w, out.d, out.pts, out.mem = check.w, check.d, check.pts, check.mem
-        out.ids = None if check.ids is None else list(check.ids)  # try_add appends to it
+        out.ids = None if check.ids is None else list(check.ids)  # try_add inserts into it
         return
-    keep = check.d >= 1 + rounds
-    out.w, out.d = check.w[keep] + rounds, check.d[keep] - rounds
-    if check.ids is None:
-        out.ids = None
-    else:  # usually nobody drops out: a copy (C speed) rather than a filtering pass
-        out.ids = list(check.ids) if len(out.d) == len(check.d) else [i for i, k in zip(check.ids, keep.tolist()) if k]
-    first = int(np.searchsorted(check.pts, 1 + rounds))
+    gone = int(check.d.searchsorted(1 + rounds))
+    out.w, out.d = check.w[gone:] + rounds, check.d[gone:] - rounds
+    out.ids = None if check.ids is None else check.ids[gone:]
+    first = int(check.pts.searchsorted(1 + rounds))
     out.pts = check.pts[first:] - rounds
     out.mem = check.mem[first:]
 
@@ -200,10 +241,13 @@ class BlockFutureMemory:
         self.bs = int(block_size)
         self.capacity = int(budget) // self.bs
         keep = running_d >= 1
-        self.w = running_w[keep].astype(np.int64)
-        self.d = running_d[keep].astype(np.int64)
-        self.ids = None if ids is None else [i for i, k in zip(ids, keep.tolist()) if k]
+        w, d = running_w[keep].astype(np.int64), running_d[keep].astype(np.int64)
+        order = np.argsort(d, kind="stable")  # sorted by d, as FutureMemory's terms
+        self.w, self.d = w[order], d[order]
+        self.ids = None if ids is None else _sorted_ids(ids, keep, order)
+        self.joined = []
         self.now = int(now_blocks)
+        self._refused = None  # (w, d, rounds): a candidate known to be refused for that many more rounds (try_add)
         self.pts = np.unique(self.d)
         self.mem = self._blocks_at(self.w, self.d, self.pts, self.bs)
 
@@ -215,13 +259,15 @@ class BlockFutureMemory:
         out = BlockFutureMemory.__new__(BlockFutureMemory)
         out.bs, out.capacity, out.now = self.bs, self.capacity, int(now_blocks)
         _move(self, out, rounds)
+        out._refused = _still_refused(self._refused, rounds)
         return out
 
     def remove(self, gone) -> None:
         """Take the requests named in ``gone`` out of the check, as ``FutureMemory.remove`` (their blocks at every point
         up to their end subtracted, points where nobody is left to end dropped): the check built for the rest."""
         bs = self.bs
-        _remove(self, gone, lambda w, pts: (w + pts + bs - 1) // bs)
+        if _remove(self, gone, lambda w, pts: (w + pts + bs - 1) // bs):
+            self._refused = None
 
     @staticmethod
     def _blocks_at(w: np.ndarray, d: np.ndarray, pts: np.ndarray, bs: int) -> np.ndarray:
@@ -248,24 +294,38 @@ class BlockFutureMemory:
         """Add a request whose prefill of w tokens starts now and that then decodes d more rounds, if eq. (5) in
         blocks still holds at tau = 0 and at every point (``name``: its id, when the check keeps ``ids``; a request
         with d < 1 counts at tau = 0 only and is not kept, as a running one past its predicted end)."""
-        bs = self.bs
+        bs, capacity = self.bs, self.capacity
         now = self.now + (w + bs - 1) // bs
-        if now > self.capacity:
+        if now > capacity:
             return False
-        at_pts = self.mem + np.where(self.pts <= d, (w + self.pts + bs - 1) // bs, 0)
-        if len(at_pts) and at_pts.max() > self.capacity:
+        ref = self._refused
+        if ref is not None and ref[0] == w and ref[1] == d:
             return False
+        pts, mem = self.pts, self.mem
+        k = int(pts.searchsorted(d, "right"))
+        if k:
+            head = mem[:k] + (w + pts[:k] + bs - 1) // bs
+            top = int(head.argmax())
+            if int(head[top]) > capacity:
+                # refused by e blocks at point p: r rounds later the candidate adds at most ceil(r / bs) fewer blocks
+                # at p - r (ceil is subadditive), so the refusal holds while ceil(r / bs) < e and r < p (as
+                # FutureMemory.try_add's)
+                self._refused = (w, d, min((int(head[top]) - capacity - 1) * bs + 1, int(pts[top])))
+                return False
+            at_pts = np.concatenate((head, mem[k:]))
+        else:
+            at_pts = mem
+        if k < len(pts) and int(mem[k:].max()) > capacity:
+            return False
+        self._refused = None
         if d >= 1:
-            idx = int(np.searchsorted(self.pts, d))
+            idx = int(self.pts.searchsorted(d))
             if idx == len(self.pts) or self.pts[idx] != d:
-                at_d = int(((self.w[self.d >= d] + d + bs - 1) // bs).sum()) + (w + d + bs - 1) // bs
+                at_d = int(((self.w[int(self.d.searchsorted(d)):] + d + bs - 1) // bs).sum()) + (w + d + bs - 1) // bs
                 if at_d > self.capacity:
                     return False
                 at_pts = np.concatenate((at_pts[:idx], [at_d], at_pts[idx:]))  # np.insert's result, cheaper
                 self.pts = np.concatenate((self.pts[:idx], [d], self.pts[idx:]))
-            self.w = np.concatenate((self.w, [w]))
-            self.d = np.concatenate((self.d, [d]))
-            if self.ids is not None:
-                self.ids.append(name)
+            _insert(self, int(self.d.searchsorted(d, "right")), w, d, name)
         self.mem, self.now = at_pts, now
         return True

@@ -116,7 +116,8 @@ def test_a_kept_check_without_some_requests_equals_one_built_for_the_rest(seed):
     fresh = FutureMemory(10_000, w[stay], d[stay])
     for name in ("pts", "gained", "mem", "w", "d"):
         assert np.array_equal(getattr(check, name), getattr(fresh, name)), name
-    assert check.ids == [i for i in ids if i not in gone]
+    # the terms are kept sorted by d (ties in the order given), the names with them
+    assert check.ids == [i for _, i in sorted((x, i) for x, i in zip(d, ids) if i not in gone)]
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -134,7 +135,7 @@ def test_a_kept_block_check_moved_on_or_reduced_equals_one_built_then(seed):
         moved, fresh = base.shifted(rounds, 11), BlockFutureMemory(budget, w + rounds, d - rounds, bs, 11)
         for name in ("pts", "mem", "w", "d", "now", "capacity"):
             assert np.array_equal(getattr(moved, name), getattr(fresh, name)), (rounds, name)
-        assert moved.ids == [i for i, x in zip(ids, d - rounds) if x >= 1]
+        assert moved.ids == [i for x, i in sorted(zip(d - rounds, ids)) if x >= 1]  # sorted by d, ties as given
         for _ in range(5):
             cw, cd = int(rng.integers(1, 300)), int(rng.integers(0, 40))
             assert moved.try_add(cw, cd, -1) == fresh.try_add(cw, cd)
@@ -181,3 +182,36 @@ def test_memory_over_capacity_after_a_candidates_end_admits_nobody():
 
     assert not FutureMemory(105, np.array([10]), np.array([100])).try_add(1, 1)
     assert FutureMemory(110, np.array([10]), np.array([100])).try_add(1, 1)
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["tokens", "blocks"])
+@pytest.mark.parametrize("seed", range(30))
+def test_a_remembered_refusal_answers_as_a_fresh_check_rounds_later(paged, seed):
+    """try_add remembers how many rounds a refused candidate stays refused while the check is only moved on (issue 59
+    item 2): the same candidate asked again, some rounds later, gets the answer of a check built then (near the
+    bound: refusals by a few tokens or blocks, points close to their end)."""
+    from kvstudy.policies.memory_check import BlockFutureMemory, FutureMemory
+
+    rng = np.random.default_rng(3000 + seed)
+    k, bs = int(rng.integers(1, 30)), int(rng.choice([1, 4, 16]))
+    w, d = rng.integers(1, 200, k), rng.integers(1, 25, k)
+    if paged:
+        budget = int(rng.integers(500, 3000))
+        build = lambda w_, d_: BlockFutureMemory(budget, w_, d_, bs, 0)  # noqa: E731
+    else:
+        capacity = int(rng.integers(300, 3000))
+        build = lambda w_, d_: FutureMemory(capacity, w_, d_)  # noqa: E731
+    candidates = [(int(rng.integers(1, 400)), int(rng.integers(1, 30))) for _ in range(12)]
+    asked = 0
+    for cw, cd in candidates:
+        base = build(w, d)
+        if base.try_add(cw, cd):
+            continue  # only refusals are remembered
+        check, total = base, 0
+        for step in rng.integers(0, 4, 12):
+            check, total = (check.shifted(int(step)) if not paged else check.shifted(int(step), 0)), total + int(step)
+            assert check.try_add(cw, cd) == build(w + total, d - total).try_add(cw, cd), (cw, cd, total)
+            asked += 1
+            if not check._refused:
+                break  # accepted: the check changed
+    assert asked or all(build(w, d).try_add(cw, cd) for cw, cd in candidates)

@@ -89,6 +89,9 @@ def drive(engines: Sequence, router, arrival: Sequence[float], lockstep: bool = 
     next arrival one after another; ``lockstep`` (they share state between arrivals: a KV pool) runs the replica whose
     clock is earliest until it passes the next one's, so everything they share happens in time order."""
     n, size = len(arrival), len(engines)
+    shared: dict = {}  # the replicas' per-request lists (RunState ``shared``: each writes only its own requests')
+    for e in engines:
+        e.shared_lists = shared
     loops = [e.loop() for e in engines]
     results: List[EngineResult] = [None] * size
     now = [0.0]
@@ -157,6 +160,9 @@ def drive(engines: Sequence, router, arrival: Sequence[float], lockstep: bool = 
                 break
     except KeyboardInterrupt:
         stop_all(loops, results)
+    finally:
+        for e in engines:  # a later run of one of them is its own again
+            e.shared_lists = None
     return results, routed
 
 
@@ -192,14 +198,19 @@ def merge(engines: Sequence, results: Sequence[EngineResult], routed: np.ndarray
     first = results[0]
     order = np.argsort(engines[0].requests.request_id, kind="stable")  # the requests tables are sorted by request_id
     where = routed[order]
-    tables = [res.requests for res in results]
-    masks = [(r, where == r) for r in range(1, len(results))]
-    requests = tables[0].copy()
-    for col in requests.columns:  # replica 0's table, each other replica's requests taken from its own
-        values = requests[col].to_numpy(copy=True)
-        for r, mask in masks:
-            values[mask] = tables[r][col].to_numpy()[mask]
-        requests[col] = values
+    n, tables = len(where), [res.requests for res in results]
+    # the rows (in request_id order) each table holds: every row, or (a replica ``drive`` stepped: records.own_rows)
+    # its own and those routed nowhere
+    rows = [np.arange(n) if len(t) == n else np.flatnonzero((where == r) | (where == -1)) for r, t in enumerate(tables)]
+    owned = [where[rows[r]] == r for r in range(len(tables))]  # per table, its rows routed to it
+    columns = {}
+    for col in tables[0].columns:  # replica 0's rows, each other replica's requests taken from its own
+        values = np.empty(n, dtype=tables[0][col].to_numpy().dtype)
+        values[rows[0]] = tables[0][col].to_numpy()
+        for r in range(1, len(tables)):
+            values[rows[r][owned[r]]] = tables[r][col].to_numpy()[owned[r]]
+        columns[col] = values
+    requests = pd.DataFrame(columns)
     requests["replica"] = where
     iterations = pd.concat([res.iterations.assign(replica=r) for r, res in enumerate(results)], ignore_index=True)
     iterations = iterations.sort_values("start", kind="stable").reset_index(drop=True)
@@ -235,7 +246,7 @@ def merge(engines: Sequence, results: Sequence[EngineResult], routed: np.ndarray
         extra["cacheopt"] = {**parts[0], "stalls": sum(p["stalls"] for p in parts),
                              "embedded": sum(p["embedded"] for p in parts), "preemptions_by_cause": causes}
     extra["cluster"] = {"replicas": len(results), "router": router_name,
-                        "per_replica": [_replica_summary(r, res, where) for r, res in enumerate(results)]}
+                        "per_replica": [_replica_summary(r, res, owned[r]) for r, res in enumerate(results)]}
     if hardware is not None:  # cluster.pools: each replica's hardware and KV capacity (a mixed-GPU pool's differ)
         for r, part in enumerate(extra["cluster"]["per_replica"]):
             part["hardware"], part["kv_capacity_tokens"] = hardware[r], int(results[r].capacity)
@@ -260,9 +271,10 @@ def _owned_events(request_id, results, routed: np.ndarray) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True).sort_values("time", kind="stable").reset_index(drop=True)
 
 
-def _replica_summary(r: int, res: EngineResult, where: np.ndarray) -> dict:
-    """One replica's facts: its requests, completions, iterations, busy time, latency medians, preemptions."""
-    req = res.requests[where == r]
+def _replica_summary(r: int, res: EngineResult, owned: np.ndarray) -> dict:
+    """One replica's facts: its requests (``owned``: which rows of its table), completions, iterations, busy time,
+    latency medians, preemptions."""
+    req = res.requests[owned]
     done = req[req["state"] == "done"]
     it = res.iterations
     out = {"replica": r, "status": res.status, "requests": int(len(req)), "completed": int(len(done)),

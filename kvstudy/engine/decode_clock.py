@@ -26,16 +26,18 @@ import numpy as np
 
 class DecodeClock:
     def __init__(self, n: int, prompt, output, block_size: int, held: dict, last_token: list, max_gap: list,
-                 gaps: bool = True) -> None:
+                 gaps: bool = True, per_request=None) -> None:
         """``ticks``: counted iterations so far; per request ``tokens`` (produced tokens: exact off the clock, at
         joining while on it), ``joined_at`` (the tick it joined at), ``on_clock``; ``size``: requests on the clock.
-        ``held`` is the memory's per-request blocks (read for block boundaries). ``gaps`` false: no gap between tokens is kept (the paper's records compute time between tokens from the
+        ``held`` is the memory's per-request blocks (read for block boundaries); ``per_request(name, value)`` makes
+        a per-request list (RunState's: a cluster's replicas share them). ``gaps`` false: no gap between tokens is kept (the paper's records compute time between tokens from the
         iterations' stamps instead, kvstudy/engine/records.py)."""
         self.track_gaps = gaps
         self.ticks = 0
-        self.tokens = [0] * n
-        self.joined_at = [0] * n
-        self.on_clock = [False] * n
+        per_request = per_request or (lambda name, value: [value] * n)  # a cluster's shared lists (RunState)
+        self.tokens = per_request("tokens", 0)
+        self.joined_at = per_request("joined_at", 0)
+        self.on_clock = per_request("on_clock", False)
         self.size = 0
         self.s, self.o, self.bs, self.held = prompt, output, block_size, held
         self.last_token, self.max_gap = last_token, max_gap

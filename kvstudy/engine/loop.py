@@ -123,6 +123,10 @@ class StepEngine:
         #: batches in flight, as Vidur's replicas do); assembly.py checks it against hardware.pipeline_parallel
         self.stages = int(getattr(latency, "stages", 1) or 1)
         self.pipe = None
+        #: a replica of a cluster that ``drive`` steps (kvstudy/cluster/driver.py): the per-request lists its replicas
+        #: share (RunState's ``shared``), and its records then hold only its own requests' rows (and those routed
+        #: nowhere; ``merge`` puts them together); None: a run of its own
+        self.shared_lists = None
 
     @staticmethod
     def _timer(latency, needs_generated: bool):
@@ -169,7 +173,7 @@ class StepEngine:
                                       lambda tokens, context: seconds([(tokens, context)], 0, 0, 0))
         own_order = self.adapted or bool(getattr(self.policy, "own_queue_order", False))
         self.state = st = RunState(r, self.predicted, self.paper, mem.block_size if mem.tracks_blocks else 0,
-                                   mem.gpu, own_queue_orders=own_order)
+                                   mem.gpu, own_queue_orders=own_order, shared=self.shared_lists)
         if mem.prefix_caching:
             mem.cache.on_first = None  # (a queue of an earlier run is not told)
         if getattr(self.policy, "indexed_waiting", False):  # kvstudy/engine/indexed_queue.py
@@ -936,6 +940,8 @@ class StepEngine:
             result.extra["policy_us_per_iteration"] = round(1e6 * self.policy_seconds / max(1, len(self.rows.rows)), 2)
         if self.events is not None:
             result.events, result.batches = self.events.tables(st.requests.request_id)
+        if self.shared_lists is not None:  # a replica of a cluster: its own rows (the driver's merge)
+            result.requests = records.own_rows(result.requests, st)
         return result
 
     # --- messages and the progress bar ------------------------------------------------------------------------------

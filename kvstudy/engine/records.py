@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from kvstudy.engine.states import DONE, REJECTED, EngineResult
+from kvstudy.engine.states import DONE, ELSEWHERE, REJECTED, EngineResult
 
 STATE_NAMES = np.array(["future", "waiting", "running", "done", "rejected", "swapped", "elsewhere"])
 #: iterations.parquet's columns in order, each with its type (docs/engine.md describes them); the MC-SF paper's
@@ -152,6 +152,15 @@ def pooled_tbt_of(engines) -> dict:
 
     return {"count": int(round(total)), "mean": float((values * weights[order]).sum() / total),
             "p50": q(0.5), "p95": q(0.95), "p99": q(0.99), "max": float(values[-1])}
+
+
+def own_rows(requests: pd.DataFrame, st) -> pd.DataFrame:
+    """A cluster replica's requests table (sorted by request_id) cut to its own requests and those routed nowhere:
+    every row but those whose state is ELSEWHERE (routed to another replica; kvstudy/cluster/driver.py ``merge``
+    takes each row from its replica). Its other rows hold nothing of its own: the per-request lists are the cluster's
+    (RunState ``shared``)."""
+    order = np.argsort(st.requests.request_id, kind="stable")
+    return requests[st.request_state[order] != ELSEWHERE].reset_index(drop=True)
 
 
 def paged_result(engine, rows: PagedRows, status, message, clearing: int) -> EngineResult:

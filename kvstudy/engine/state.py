@@ -58,8 +58,21 @@ class RunState:
     """Everything a run changes, named for what it holds. Built once per run by the engine (``StepEngine.loop``)."""
 
     def __init__(self, requests, predicted: np.ndarray, paper: bool, block_size: int, held: dict,
-                 own_queue_orders: bool) -> None:
+                 own_queue_orders: bool, shared: dict = None) -> None:
+        """``shared``: the per-request lists of the replicas of one cluster (kvstudy/cluster/driver.py ``drive``), by
+        name: a replica writes a request's entries only once the request is routed to it, so one list per field serves
+        them all and a cluster's state grows with the trace once, not once per replica (issue 59 item 5). What a
+        replica writes for requests it does not own (its up-front rejections, ``reject_reason``; ``request_state``) stays
+        its own. None: every list is this run's."""
         n = self.n = len(requests)
+
+        def per_request(name: str, value) -> list:
+            if shared is None:
+                return [value] * n
+            if name not in shared:
+                shared[name] = [value] * n
+            return shared[name]
+
         self.requests = requests
         # --- the requests, as the loop reads them (lists: fast single-element access) ---
         # read-only lists, made once per request set: the replicas of a cluster share them (issue 59)
@@ -88,37 +101,39 @@ class RunState:
         self.reserved: set = set()  # requests holding blocks beyond their context (a reservation or a loan)
         # --- progress ---
         #: tokens produced (exact off the clock), the clock's ticks, the requests on it (decode_clock.py)
-        self.last_token = [math.nan] * n
-        self.max_gap = [0.0] * n  # each request's largest gap between tokens, seconds
-        self.clock = DecodeClock(n, s, self.output, block_size, held, self.last_token, self.max_gap, gaps=not paper)
+        self.last_token = per_request("last_token", math.nan)
+        self.max_gap = per_request("max_gap", 0.0)  # each request's largest gap between tokens, seconds
+        self.clock = DecodeClock(n, s, self.output, block_size, held, self.last_token, self.max_gap, gaps=not paper,
+                                 per_request=per_request)
         self.generated = GeneratedTokens(self.clock)
-        self.prefilled = [0] * n  # tokens of the current prefill done
-        self.prefill_target = list(s)  # prompt + generated when the current prefill started
+        self.prefilled = per_request("prefilled", 0)  # tokens of the current prefill done
+        #: prompt + generated when the current prefill started
+        self.prefill_target = list(s) if shared is None else shared.setdefault("prefill_target", list(s))
         #: the furthest each request's prefill has got in any life: a chunk beyond it is progress (engine.stall_limit
         #: counts iterations without a token, but a prompt longer than stall_limit chunks takes more than that)
-        self.furthest_prefilled = [0] * n
+        self.furthest_prefilled = per_request("furthest_prefilled", 0)
         # --- times, seconds ---
-        self.first_scheduled = [math.nan] * n
-        self.first_token = [math.nan] * n
-        self.completion = [math.nan] * n
+        self.first_scheduled = per_request("first_scheduled", math.nan)
+        self.first_token = per_request("first_token", math.nan)
+        self.completion = per_request("completion", math.nan)
         self.off_clock_gaps: list = []  # gaps between tokens produced off the decode clock (pooled TBT)
-        self.preempted_at = [math.nan] * n  # when the current preemption began (NaN: running or never)
-        self.preempted_seconds = [0.0] * n
+        self.preempted_at = per_request("preempted_at", math.nan)  # when the current preemption began (NaN: running or never)
+        self.preempted_seconds = per_request("preempted_seconds", 0.0)
         # --- preemptions ---
-        self.preemptions_recompute = [0] * n
-        self.preemptions_swap = [0] * n
-        self.swap_fallbacks = [0] * n  # swaps carried out as recomputes (no host room)
-        self.recomputed_tokens = [0] * n
-        self.swapped_bytes = [0] * n
+        self.preemptions_recompute = per_request("preemptions_recompute", 0)
+        self.preemptions_swap = per_request("preemptions_swap", 0)
+        self.swap_fallbacks = per_request("swap_fallbacks", 0)  # swaps carried out as recomputes (no host room)
+        self.recomputed_tokens = per_request("recomputed_tokens", 0)
+        self.swapped_bytes = per_request("swapped_bytes", 0)
         self.reject_reason = [""] * n
         # --- prefix caching: prompt tokens served from the cache at the first prefill / at later ones ---
-        self.prefix_cached_first = [0] * n
-        self.prefix_cached_later = [0] * n
+        self.prefix_cached_first = per_request("prefix_cached_first", 0)
+        self.prefix_cached_later = per_request("prefix_cached_later", 0)
         # --- the MC-SF paper's records (records.py): the admission round and its stamp of the life that completes a
         #     request (an overflow round moves its survivors' schedules one round later), and its last round ---
-        self.admission_round = [-1] * n
-        self.admission_stamp = [math.nan] * n
-        self.last_round = [-1] * n
+        self.admission_round = per_request("admission_round", -1)
+        self.admission_stamp = per_request("admission_stamp", math.nan)
+        self.last_round = per_request("last_round", -1)
         # --- aggregates the loop keeps instead of summing over the running requests each iteration ---
         #: sum of prompt + generated - 1 (the cached context) over running requests past their prefill
         self.decode_context_tokens = 0

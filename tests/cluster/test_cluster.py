@@ -235,3 +235,38 @@ def test_a_bad_mul_interpolation_is_named_before_anything_is_written(tmp_path):
     assert not (tmp_path / "run").exists()
     cfg = api.compose(SETUPS["vllm_paged"] + FAST + ["cluster.replicas=4", "demand.rate='${mul:${cluster.replicas},2.5}'"])
     assert api.run_context(cfg, latency=False).cfg.demand.rate == 10.0
+
+
+SHARED_CASES = {  # preemption (small KV), swaps, both memories, prefix caching, CacheOPT, a mixed-GPU pool (each
+    # replica refuses other requests up front), an offload pool the replicas share (lockstep)
+    "vllm_preempting": ["+policy=vllm", "memory=paged", "memory.capacity_tokens=3000", "router=least_kv"],
+    "vllm_swap": ["+policy=vllm", "memory=paged", "memory.capacity_tokens=3000", "policy.preemption_mode=swap"],
+    "vllm_rejecting": ["+policy=vllm", "memory=paged", "memory.capacity_tokens=600"],  # 6 routed nowhere
+    "mcsf_paper": ["+policy=mcsf", "memory.capacity_tokens=3000", "router=power_of_two"],
+    "sarathi_prefix": ["+policy=sarathi", "workload=shared_prompt", "memory=paged_prefix", "router=prefix_affinity"],
+    "cacheopt": ["+policy=cacheopt", "memory.capacity_tokens=4000"],
+    "mixed_pool": ["+policy=vllm", "memory=paged", "memory.capacity_tokens=auto", "memory.gpu_memory_utilization=0.866",
+                   "+cluster.pools={main: {role: mixed, hardware: [a100_tp2, a100_tp4]}}"],
+    "offload_shared": ["+policy=vllm", "memory=paged_offload", "workload=shared_prompt", "memory.capacity_tokens=6144",
+                       "memory.offload.shared=true", "memory.offload.host_gb=0.5"],
+}
+
+
+@pytest.mark.parametrize("case", sorted(SHARED_CASES))
+def test_replicas_sharing_their_per_request_lists_equal_replicas_with_their_own(case, monkeypatch):
+    """Issue 59 item 5: the replicas ``drive`` steps share one list per per-request field (each writes only its own
+    requests' entries) and keep only their own rows; the merged run equals one where every replica has lists and a
+    table of its own (the sharing switched off), column for column."""
+    from kvstudy.engine.loop import StepEngine
+
+    overrides = SHARED_CASES[case] + FAST + ([] if "pools" in str(SHARED_CASES[case]) else ["cluster.replicas=3"])
+    shared, _ = api.simulate(api.compose(overrides))
+    monkeypatch.setattr(StepEngine, "shared_lists", property(lambda self: None, lambda self, value: None),
+                        raising=False)
+    own, _ = api.simulate(api.compose(overrides))
+    assert shared.status == own.status
+    pd.testing.assert_frame_equal(shared.requests, own.requests)
+    pd.testing.assert_frame_equal(shared.iterations, own.iterations)
+    assert shared.extra["cluster"] == own.extra["cluster"]
+    if case == "vllm_rejecting":
+        assert (shared.requests.replica == -1).sum() == 6

@@ -17,6 +17,7 @@ So ``memory.decode_block_check=vllm`` on ``memory=paper`` and a misspelt ``+poli
 """
 from __future__ import annotations
 
+import difflib
 import functools
 import math
 from dataclasses import dataclass
@@ -336,7 +337,9 @@ def check_group_choices(overrides: Iterable[str]) -> None:
                 where = (f"; looked in conf/{key}/ and {', '.join(str(d / key) + '/' for d in dirs)}" if dirs else
                          f"; an option of your own: put {choice}.yaml in <folder>/{key}/ and add "
                          f"hydra.searchpath=[file:///absolute/path/to/<folder>]")
-                raise ConfigError(f"unknown {key} '{choice}'; allowed: {', '.join(allowed)}{where}")
+                near = difflib.get_close_matches(choice, allowed, n=1)  # a typo: the option it most resembles
+                hint = f"; did you mean '{near[0]}'?" if near else ""
+                raise ConfigError(f"unknown {key} '{choice}'; allowed: {', '.join(allowed)}{where}{hint}")
 
 
 @functools.lru_cache(maxsize=1)

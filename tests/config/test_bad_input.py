@@ -55,6 +55,16 @@ def test_unknown_names_list_choices():
         api.compose(["+policy=mcsf", "model=gpt5"])
 
 
+def test_a_mistyped_option_is_answered_with_the_one_it_resembles():
+    with pytest.raises(ConfigError, match=r"unknown policy 'mscf'; allowed: .*; did you mean 'mcsf'\?$"):
+        api.compose(["+policy=mscf"])
+    with pytest.raises(ConfigError, match=r"unknown hardware 'a100_tp3'; .*did you mean 'a100_tp\d'\?$"):
+        api.compose(["+policy=mcsf", "hardware=a100_tp3"])
+    with pytest.raises(ConfigError) as nothing_near:
+        api.compose(["+policy=zzzz"])
+    assert "did you mean" not in str(nothing_near.value)
+
+
 @pytest.mark.parametrize("frame,match", [
     ({"prompt_tokens": [1, 2], "arrival_time": [0, 1]}, r"missing column for 'output_tokens'"),
     ({"prompt_tokens": [1, np.nan], "output_tokens": [3, 3]}, r"'prompt_tokens' row 1 has value nan"),

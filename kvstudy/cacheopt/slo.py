@@ -35,7 +35,12 @@ def reference(runs: Iterable[pd.DataFrame]) -> Tuple[float, float]:
         tbt.append(float(done["mean_tbt"].mean()))
     if not ttft:
         raise ConfigError("SLO reference: no runs given")
-    return float(np.mean(ttft)), float(np.mean(tbt))
+    ttft_ref, tbt_ref = float(np.mean(ttft)), float(np.mean(tbt))
+    if not (np.isfinite(ttft_ref) and np.isfinite(tbt_ref)):  # every SLO, and the deadline order, would be NaN
+        raise ConfigError(f"SLO reference: the reference runs give TTFT_ref={ttft_ref}, TBT_ref={tbt_ref} (a system "
+                          f"that completed no request, or none with two or more output tokens); give "
+                          f"policy.slo.ttft_ref and policy.slo.tbt_ref")
+    return ttft_ref, tbt_ref
 
 
 def draw_slos(prompt: np.ndarray, ttft_ref: float, tbt_ref: float, token_budget: int, seed: int,

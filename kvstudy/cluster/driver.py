@@ -87,11 +87,20 @@ def drive(engines: Sequence, router, arrival: Sequence[float], lockstep: bool = 
     """Step ``engines`` on one clock, routing request i (arrival order) when it arrives; returns each engine's
     result and each request's replica (-1: rejected everywhere, never routed). Replicas that share nothing run to the
     next arrival one after another; ``lockstep`` (they share state between arrivals: a KV pool) runs the replica whose
-    clock is earliest until it passes the next one's, so everything they share happens in time order."""
-    n, size = len(arrival), len(engines)
-    shared: dict = {}  # the replicas' per-request lists (RunState ``shared``: each writes only its own requests')
+    clock is earliest until it passes the next one's, so everything they share happens in time order. The replicas
+    share their per-request lists while they run (RunState ``shared``: each writes only its own requests')."""
+    shared: dict = {}
     for e in engines:
         e.shared_lists = shared
+    try:
+        return _drive(engines, router, arrival, lockstep)
+    finally:
+        for e in engines:  # a later run of one of them is its own again
+            e.shared_lists = None
+
+
+def _drive(engines: Sequence, router, arrival: Sequence[float], lockstep: bool):
+    n, size = len(arrival), len(engines)
     loops = [e.loop() for e in engines]
     results: List[EngineResult] = [None] * size
     now = [0.0]
@@ -160,9 +169,6 @@ def drive(engines: Sequence, router, arrival: Sequence[float], lockstep: bool = 
                 break
     except KeyboardInterrupt:
         stop_all(loops, results)
-    finally:
-        for e in engines:  # a later run of one of them is its own again
-            e.shared_lists = None
     return results, routed
 
 
@@ -200,8 +206,8 @@ def merge(engines: Sequence, results: Sequence[EngineResult], routed: np.ndarray
     where = routed[order]
     n, tables = len(where), [res.requests for res in results]
     # the rows (in request_id order) each table holds: every row, or (a replica ``drive`` stepped: records.own_rows)
-    # its own and those routed nowhere
-    rows = [np.arange(n) if len(t) == n else np.flatnonzero((where == r) | (where == -1)) for r, t in enumerate(tables)]
+    # those not routed elsewhere when its run ended
+    rows = [np.arange(n) if res.rows is None else res.rows for res in results]
     owned = [where[rows[r]] == r for r in range(len(tables))]  # per table, its rows routed to it
     columns = {}
     for col in tables[0].columns:  # replica 0's rows, each other replica's requests taken from its own

@@ -941,7 +941,7 @@ class StepEngine:
         if self.events is not None:
             result.events, result.batches = self.events.tables(st.requests.request_id)
         if self.shared_lists is not None:  # a replica of a cluster: its own rows (the driver's merge)
-            result.requests = records.own_rows(result.requests, st)
+            records.own_rows(result, st)
         return result
 
     # --- messages and the progress bar ------------------------------------------------------------------------------

@@ -154,13 +154,16 @@ def pooled_tbt_of(engines) -> dict:
             "p50": q(0.5), "p95": q(0.95), "p99": q(0.99), "max": float(values[-1])}
 
 
-def own_rows(requests: pd.DataFrame, st) -> pd.DataFrame:
-    """A cluster replica's requests table (sorted by request_id) cut to its own requests and those routed nowhere:
-    every row but those whose state is ELSEWHERE (routed to another replica; kvstudy/cluster/driver.py ``merge``
-    takes each row from its replica). Its other rows hold nothing of its own: the per-request lists are the cluster's
-    (RunState ``shared``)."""
+def own_rows(result: EngineResult, st) -> None:
+    """A cluster replica's requests table (sorted by request_id) cut to the rows of requests not routed to another
+    replica when its run ended (state not ELSEWHERE: its own, and those not routed yet or nowhere), with their
+    positions in request_id order (``result.rows``: kvstudy/cluster/driver.py ``merge`` takes each request's row from
+    its replica). Its other rows hold nothing of its own: the per-request lists are the cluster's (RunState
+    ``shared``)."""
     order = np.argsort(st.requests.request_id, kind="stable")
-    return requests[st.request_state[order] != ELSEWHERE].reset_index(drop=True)
+    kept = st.request_state[order] != ELSEWHERE
+    result.requests = result.requests[kept].reset_index(drop=True)
+    result.rows = np.flatnonzero(kept)
 
 
 def paged_result(engine, rows: PagedRows, status, message, clearing: int) -> EngineResult:

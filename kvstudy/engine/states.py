@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+import numpy as np
 import pandas as pd
 
 from kvstudy.policies.request_states import (DONE, ELSEWHERE, FUTURE, IN_FLIGHT, REJECTED, RUNNING,  # noqa: F401
@@ -29,3 +30,6 @@ class EngineResult:
     extra: dict = field(default_factory=dict)
     events: Optional[pd.DataFrame] = None   # record.events=true: kvstudy/engine/events.py
     batches: Optional[pd.DataFrame] = None
+    #: a cluster replica's records that hold only some requests' rows (kvstudy/engine/records.py ``own_rows``): the
+    #: positions, in request_id order, of the rows its ``requests`` holds; None: one row per request
+    rows: Optional[np.ndarray] = None

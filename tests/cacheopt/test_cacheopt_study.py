@@ -108,3 +108,19 @@ def test_intervals_are_95_percent_t_half_widths():
     assert study.interval([5.0]) == 0.0
     m = _frame([["m", "h", "t", 1.0, 1.0, "vllm", s, v, 0, 0, 0, 0, 0, 0, 0] for s, v in enumerate([1.0, 2.0, 3.0])])
     assert study.with_intervals(m, "ttft_p99").loc[("t", 1.0), "vllm"] == "2 ± 2.5"
+
+
+def test_a_reference_with_no_completed_request_is_named_not_a_nan_slo():
+    """A reference system that completed nothing (or only one-token outputs) gives a NaN mean: every SLO and the
+    deadline order would be NaN (kvstudy/cacheopt/queue.py cannot order them), so the set-up says so."""
+    import pandas as pd
+    from kvstudy.errors import ConfigError
+
+    done = pd.DataFrame({"state": ["done", "done"], "ttft": [1.0, 3.0], "mean_tbt": [0.1, 0.3]})
+    assert slo.reference([done]) == (2.0, pytest.approx(0.2))
+    nothing = done.assign(state=["rejected", "rejected"])
+    with pytest.raises(ConfigError, match=r"TTFT_ref=nan, TBT_ref=nan .*give policy.slo.ttft_ref and policy.slo.tbt_ref"):
+        slo.reference([done, nothing])
+    one_token = done.assign(mean_tbt=[float("nan")] * 2)
+    with pytest.raises(ConfigError, match=r"TBT_ref=nan"):
+        slo.reference([one_token])

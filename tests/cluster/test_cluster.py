@@ -242,6 +242,8 @@ SHARED_CASES = {  # preemption (small KV), swaps, both memories, prefix caching,
     "vllm_preempting": ["+policy=vllm", "memory=paged", "memory.capacity_tokens=3000", "router=least_kv"],
     "vllm_swap": ["+policy=vllm", "memory=paged", "memory.capacity_tokens=3000", "policy.preemption_mode=swap"],
     "vllm_rejecting": ["+policy=vllm", "memory=paged", "memory.capacity_tokens=600"],  # 6 routed nowhere
+    # the replicas stop early while requests are still to be routed (to them too): their tables hold those rows
+    "stopped_early": ["+policy=vllm", "memory=paged", "engine.max_iterations=40"],
     "mcsf_paper": ["+policy=mcsf", "memory.capacity_tokens=3000", "router=power_of_two"],
     "sarathi_prefix": ["+policy=sarathi", "workload=shared_prompt", "memory=paged_prefix", "router=prefix_affinity"],
     "cacheopt": ["+policy=cacheopt", "memory.capacity_tokens=4000"],
@@ -270,3 +272,5 @@ def test_replicas_sharing_their_per_request_lists_equal_replicas_with_their_own(
     assert shared.extra["cluster"] == own.extra["cluster"]
     if case == "vllm_rejecting":
         assert (shared.requests.replica == -1).sum() == 6
+    if case == "stopped_early":
+        assert shared.status == "max_iterations"

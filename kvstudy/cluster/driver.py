@@ -211,8 +211,9 @@ def merge(engines: Sequence, results: Sequence[EngineResult], routed: np.ndarray
     owned = [where[rows[r]] == r for r in range(len(tables))]  # per table, its rows routed to it
     columns = {}
     for col in tables[0].columns:  # replica 0's rows, each other replica's requests taken from its own
-        values = np.empty(n, dtype=tables[0][col].to_numpy().dtype)
-        values[rows[0]] = tables[0][col].to_numpy()
+        first_rows = tables[0][col].to_numpy()
+        values = np.empty(n, dtype=first_rows.dtype)
+        values[rows[0]] = first_rows
         for r in range(1, len(tables)):
             values[rows[r][owned[r]]] = tables[r][col].to_numpy()[owned[r]]
         columns[col] = values

@@ -66,12 +66,15 @@ class RunState:
         its own. None: every list is this run's."""
         n = self.n = len(requests)
 
-        def per_request(name: str, value) -> list:
+        def kept(name: str, make) -> list:  # the cluster's list of that name (made once), or a list of this run's
             if shared is None:
-                return [value] * n
+                return make()
             if name not in shared:
-                shared[name] = [value] * n
+                shared[name] = make()
             return shared[name]
+
+        def per_request(name: str, value) -> list:
+            return kept(name, lambda: [value] * n)
 
         self.requests = requests
         # --- the requests, as the loop reads them (lists: fast single-element access) ---
@@ -108,7 +111,7 @@ class RunState:
         self.generated = GeneratedTokens(self.clock)
         self.prefilled = per_request("prefilled", 0)  # tokens of the current prefill done
         #: prompt + generated when the current prefill started
-        self.prefill_target = list(s) if shared is None else shared.setdefault("prefill_target", list(s))
+        self.prefill_target = kept("prefill_target", lambda: list(s))
         #: the furthest each request's prefill has got in any life: a chunk beyond it is progress (engine.stall_limit
         #: counts iterations without a token, but a prompt longer than stall_limit chunks takes more than that)
         self.furthest_prefilled = per_request("furthest_prefilled", 0)

@@ -312,20 +312,17 @@ class BlockFutureMemory:
                 # FutureMemory.try_add's)
                 self._refused = (w, d, min((int(head[top]) - capacity - 1) * bs + 1, int(pts[top])))
                 return False
-            at_pts = np.concatenate((head, mem[k:]))
-        else:
-            at_pts = mem
         if k < len(pts) and int(mem[k:].max()) > capacity:
             return False
         self._refused = None
+        at_pts = np.concatenate((head, mem[k:])) if k else mem
         if d >= 1:
-            idx = int(self.pts.searchsorted(d))
-            if idx == len(self.pts) or self.pts[idx] != d:
+            if not (k and pts[k - 1] == d):  # a new point d, after the k points before it
                 at_d = int(((self.w[int(self.d.searchsorted(d)):] + d + bs - 1) // bs).sum()) + (w + d + bs - 1) // bs
-                if at_d > self.capacity:
+                if at_d > capacity:
                     return False
-                at_pts = np.concatenate((at_pts[:idx], [at_d], at_pts[idx:]))  # np.insert's result, cheaper
-                self.pts = np.concatenate((self.pts[:idx], [d], self.pts[idx:]))
+                at_pts = np.concatenate((at_pts[:k], [at_d], at_pts[k:]))  # np.insert's result, cheaper
+                self.pts = np.concatenate((pts[:k], [d], pts[k:]))
             _insert(self, int(self.d.searchsorted(d, "right")), w, d, name)
         self.mem, self.now = at_pts, now
         return True

@@ -99,7 +99,9 @@ class BlockAllocator(Protocol):
         """Blocks preempting request i alone frees (not those it shares)."""
 
     def release_gain(self, requests: Iterable[int]) -> Tuple[int, set]:
-        """(blocks freed, shared keys no longer in use) if every request in ``requests`` gives its blocks back."""
+        """(blocks freed, which shared blocks would no longer be in use) if every request in ``requests`` gives its
+        blocks back; the second is what ``start_blocks`` takes as ``dropped`` (a set: of keys with the per-block cache,
+        of (chain, its top after) with the run cache, kvstudy/memory/prefix_runs.py; empty when nothing is shared)."""
 
     def cached_tokens(self, i: int, tokens: int) -> int:
         """Tokens of request i's first ``tokens`` a prefill starting now would skip (0 without prefix caching)."""

@@ -44,6 +44,7 @@ from kvstudy.memory.connector import KVConnector, NoConnector
 from kvstudy.memory.offload import from_config as offload_tiers
 from kvstudy.memory.base import LATER, NEVER, OK
 from kvstudy.memory.prefix import BlockKeys, NoPrefixIndex, PrefixCache
+from kvstudy.memory.prefix_runs import RunPrefixCache
 
 
 class PagedMemory:
@@ -309,7 +310,9 @@ class PrefixCachingMemory(PagedMemory):
 
     def bind(self, kv_bytes_per_token_per_gpu: int) -> None:
         super().bind(kv_bytes_per_token_per_gpu)
-        self.cache = PrefixCache(self.num_blocks)
+        # the cache as runs of each chain (kvstudy/memory/prefix_runs.py): the per-block cache's answers at a cost per
+        # chain; a policy asking who holds each block (track_users) gets the per-block one before the run starts
+        self.cache = RunPrefixCache(self.num_blocks, self.block_size, per_block=self._per_block)
         self._keys, self._memo = BlockKeys(self.block_size), {}
         self.connector.bind(self.block_size, self.block_bytes_per_gpu)
         #: the connector supplies or takes blocks (the offload tiers, a user's); False: the prefix cache alone, exactly
@@ -321,10 +324,28 @@ class PrefixCachingMemory(PagedMemory):
         super().set_segments(segments)
         self._memo = {}
 
+    def _per_block(self) -> None:
+        """The per-block cache in the run cache's place (nothing cached yet), keeping who holds each block."""
+        runs = self.cache
+        self.cache = PrefixCache(self.num_blocks)
+        self.cache.on_evict, self.cache.on_first = runs.on_evict, runs.on_first
+        self.cache.track_users()
+
     def _take(self, i: int, blocks: int) -> None:
         """``blocks`` more blocks of request i's own in use, taken through the cache (it may evict to make room)."""
         self.cache.grow(i, blocks)
         self.used = self.cache.used
+
+    def hold(self, i: int, blocks: int) -> int:
+        """``PagedMemory.hold`` with ``_take`` inlined: a decode run calls it for every block a request fills."""
+        add = blocks - self.gpu.get(i, 0)
+        if add > 0:
+            self.gpu[i] = blocks
+            cache = self.cache
+            cache.grow(i, add)
+            self.used = cache.used
+            return add
+        return 0
 
     def lend(self, host: int, guest: int, blocks: int) -> None:
         raise ConfigError("memory.prefix_caching=true does not model CacheOPT's embedding (lending held blocks); "
@@ -389,8 +410,7 @@ class PrefixCachingMemory(PagedMemory):
             chain = chains.get((chain, key, length))
             if chain is None:  # never keyed: never cached
                 return False
-        key = (chain << 32) + offset
-        return key in self.cache.ref or key in self.cache.evictor
+        return self.cache.cached((chain << 32) + offset)
 
     def cached_tokens(self, i: int, tokens: int) -> int:
         """Its longest cached prefix of whole blocks, at most tokens - 1 (with offload tiers: and the blocks after it a

@@ -170,6 +170,10 @@ class PrefixCache:
         """Blocks holding a cached (keyed) prefix: in use or in the evictor."""
         return len(self.ref) + len(self.evictor)
 
+    def cached(self, key: Hashable) -> bool:
+        """Whether the block of ``key`` is cached (in use or in the evictor)."""
+        return key in self.ref or key in self.evictor
+
     def hit(self, keys: Sequence[Hashable], most: int = None) -> int:
         """The number of leading ``keys`` (at most ``most``) whose blocks are cached (in use or in the evictor)."""
         n, most = 0, len(keys) if most is None else min(most, len(keys))
@@ -333,6 +337,44 @@ class PrefixCache:
 Segment = Tuple[Hashable, int]
 
 
+class KeyRuns:
+    """A request's block keys as ``BlockKeys`` makes them: one arithmetic run per chain (``firsts[r]``, then every
+    ``step`` up, at positions ``starts[r]`` to ``starts[r + 1]``). A read-only sequence of the keys; the run cache
+    (kvstudy/memory/prefix_runs.py) reads the runs, and anything reading single keys gets them listed once (the list is
+    kept: what needs per-block detail pays for it, once). Not a ``collections.abc.Sequence`` subclass: an ABC's
+    isinstance checks would cost more than the reads."""
+
+    __slots__ = ("firsts", "starts", "step", "_list")
+
+    def __init__(self, firsts: List[int], starts: List[int], step: int) -> None:
+        self.firsts, self.starts, self.step, self._list = firsts, starts, step, None
+
+    def items(self) -> List[int]:
+        """The keys, listed (once)."""
+        if self._list is None:
+            out: List[int] = []
+            step, starts = self.step, self.starts
+            for r, first in enumerate(self.firsts):
+                out.extend(range(first, first + (starts[r + 1] - starts[r]) * step, step))
+            self._list = out
+        return self._list
+
+    def __len__(self) -> int:
+        return self.starts[-1]
+
+    def __getitem__(self, index):
+        return self.items()[index]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.items())
+
+    def __eq__(self, other) -> bool:
+        return list(self) == list(other) if isinstance(other, (list, KeyRuns)) else NotImplemented
+
+    def __repr__(self) -> str:
+        return f"KeyRuns({self.items()!r})"
+
+
 class BlockKeys:
     """Keys of a request's full blocks (engine blocks of ``block_size`` tokens) from its ``segments``: ``(key,
     length)`` pairs whose concatenation is the start of its token sequence (equal keys: equal content and length;
@@ -340,19 +382,22 @@ class BlockKeys:
     its key names the chain of segments up to and including s and the block's end offset in s, so two blocks have
     one key exactly when everything up to their ends agrees. Blocks past the segments have no key (the request's
     own). Chains are numbered as first seen (one table per run, growing with distinct segment prefixes, not blocks):
-    a key is one int, ``chain << 32 | offset``."""
+    a key is one int, ``chain << 32 | offset``. A chain is numbered after its parent, so a request's keys increase.
+    Returned as ``KeyRuns`` (one run per chain, the keys listed only when read one by one)."""
 
     def __init__(self, block_size: int) -> None:
         self.block_size = int(block_size)
         self._chains: dict = {}
 
-    def __call__(self, segments: Sequence[Segment], tokens: int) -> List[int]:
+    def __call__(self, segments: Sequence[Segment], tokens: int) -> KeyRuns:
         bs = self.block_size
         full, chains = int(tokens) // bs, self._chains
-        keys: List[int] = []
+        firsts: List[int] = []
+        starts: List[int] = [0]
+        n = 0
         chain, start, end_k = -1, 0, bs  # end_k: the end (exclusive) of the next block
         for segment in segments:
-            if len(keys) >= full:
+            if n >= full:
                 break
             link = (chain, segment[0], segment[1])
             chain = chains.get(link)
@@ -363,10 +408,12 @@ class BlockKeys:
             if end_k <= last:
                 # offsets end_k - start, end_k + bs - start, ...: an arithmetic run (chain << 32 | offset = + offset)
                 stop = last - (last - end_k) % bs
-                keys.extend(range((chain << 32) + end_k - start, (chain << 32) + stop - start + 1, bs))
+                firsts.append((chain << 32) + end_k - start)
+                n += (stop - end_k) // bs + 1
+                starts.append(n)
                 end_k = stop + bs
             start = end
-        return keys
+        return KeyRuns(firsts, starts, bs)
 
 
 def lru_hit_rate(hash_ids_list: Sequence[Sequence[int]], prompts: Sequence[int], outputs: Sequence[int],

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, Hashable, List, Optional, Sequence
 
 from kvstudy.costs.transfer import Link, layerwise
-from kvstudy.memory.prefix import LruKeys
+from kvstudy.memory.prefix import BlockKeys, LruKeys
 
 #: the tiers kvstudy names, in order (a config sets each one's size and bandwidths; ``None`` size: no such tier)
 TIER_NAMES = ("host", "disk")
@@ -78,6 +78,8 @@ class OffloadTiers:
         self.load_mode, self.choice, self.shared = load, choice, shared
         self.block_bytes = 0
         self.owner: Dict[Hashable, int] = {}  # block key -> the replica whose node holds it (a shared pool only)
+        #: block size -> the one ``BlockKeys`` every replica of a shared pool names its blocks with (``key_namer``)
+        self.namers: Dict[int, BlockKeys] = {}
         #: ``bytes -> seconds`` of a read from another replica's node (a shared pool: the node's send/recv profile,
         #: set by kvstudy/running/assemble.py); None: every block is local
         self.remote_seconds: Optional[Callable[[float], float]] = None
@@ -91,6 +93,7 @@ class OffloadTiers:
             tier.blocks = LruKeys()
             tier.written_blocks = tier.read_blocks = 0
         self.owner.clear()
+        self.namers.clear()
 
     def level(self, key: Hashable) -> Optional[int]:
         """The tier holding ``key``, or None."""
@@ -228,6 +231,14 @@ class OffloadConnector:
         for k, connector in enumerate(connectors):
             connector.share(pool, k)
         return True
+
+    def key_namer(self, block_size: int) -> Optional[BlockKeys]:
+        """The block keys of a pool the replicas share: one ``BlockKeys`` for all of them, so a key means the same
+        content on every replica (each numbering its own chains as it met them, replica 1's first chain and replica
+        0's had one key: a request found another's blocks in the pool, or missed its own). None: the memory's own."""
+        if not self.pool.shared:
+            return None
+        return self.pool.namers.setdefault(block_size, BlockKeys(block_size))
 
     def save(self, keys: Sequence[Hashable]) -> None:
         """The GPU's prefix cache evicted these blocks: written to the first tier (and what it demotes, to the next)."""

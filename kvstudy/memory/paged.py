@@ -313,8 +313,11 @@ class PrefixCachingMemory(PagedMemory):
         # the cache as runs of each chain (kvstudy/memory/prefix_runs.py): the per-block cache's answers at a cost per
         # chain; a policy asking who holds each block (track_users) gets the per-block one before the run starts
         self.cache = RunPrefixCache(self.num_blocks, self.block_size, per_block=self._per_block)
-        self._keys, self._memo = BlockKeys(self.block_size), {}
         self.connector.bind(self.block_size, self.block_bytes_per_gpu)
+        # a store the replicas share names blocks for all of them (a key means one content everywhere); else our own
+        namer = getattr(self.connector, "key_namer", None)
+        self._keys = (namer(self.block_size) if namer is not None else None) or BlockKeys(self.block_size)
+        self._memo = {}
         #: the connector supplies or takes blocks (the offload tiers, a user's); False: the prefix cache alone, exactly
         self._external = type(self.connector) is not NoConnector
         if self.connector.saves:

@@ -152,16 +152,16 @@ def test_tiers_unit():
     assert view.written == [6] and view.read == [1]
 
 
-def _cluster(shared: bool):
-    """Two replicas, round robin: A (replica 0), X (replica 1, shares nothing), B (replica 0: evicts A's three blocks
-    into the tiers), C (replica 1: its GPU never held A's blocks)."""
+def _cluster(shared: bool, x=()):
+    """Two replicas, round robin: A (replica 0), X (replica 1, shares nothing; ``x``: its own segments), B (replica 0:
+    evicts A's three blocks into the tiers), C (replica 1: its GPU never held A's blocks)."""
     from kvstudy.cluster.driver import drive, merge
     from kvstudy.cluster.routers import RoundRobin
     from kvstudy.costs.swap_models import PcieSwap
 
     lengths = [(48, 2), (16, 2), (64, 2), (64, 2)]
     prompt, output = np.array([p for p, _ in lengths]), np.array([o for _, o in lengths])
-    reqs = make_requests(np.arange(4) * 1e4, prompt, output, source="test", segments=[A, [], B, C])
+    reqs = make_requests(np.arange(4) * 1e4, prompt, output, source="test", segments=[A, list(x), B, C])
     engines = []
     for k in range(2):
         memory = PagedMemory(80, block_size=16, watermark=0.0, prefix_caching=True,
@@ -206,6 +206,14 @@ def test_a_shared_pool_serves_a_request_routed_to_another_replica():
     # per replica, the same requests find nothing: replica 1's own tiers never saw A's blocks
     alone = _cluster(shared=False).requests.set_index("request_id")
     assert alone.loc[3, "offload_loaded_tokens"] == 0
+
+
+def test_a_shared_pool_names_a_block_alike_on_every_replica():
+    """X (replica 1's first request) has content of its own: replica 1 met X's segment first, replica 0 A's, and with
+    a namer per replica both were chain 0, so C (A's content, on replica 1) missed A's blocks in the pool (and a
+    request with X's content would have found A's). One namer for the pool: C loads A's three blocks."""
+    req = _cluster(shared=True, x=[(9, 16)]).requests.set_index("request_id")
+    assert list(req["offload_loaded_tokens"]) == [0, 0, 0, 48]
 
 
 MOONCAKE = SHARED_REFERENCE / "traces-extra" / "mooncake"

@@ -38,7 +38,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, Hashable, List, Optional, Sequence
 
 from kvstudy.costs.transfer import Link, layerwise
-from kvstudy.memory.prefix import BlockKeys, LruKeys
+from kvstudy.memory.offload_runs import RunLru, falling_runs, rising_runs, run_keys
+from kvstudy.memory.prefix import BlockKeys
 
 #: the tiers kvstudy names, in order (a config sets each one's size and bandwidths; ``None`` size: no such tier)
 TIER_NAMES = ("host", "disk")
@@ -53,7 +54,7 @@ class Tier:
     read_gbps: float            # GB/s per GPU, into GPU memory
     write_gbps: float           # GB/s per GPU (asynchronous: counted, not timed)
     capacity_blocks: float = 0  # set by ``reset``
-    blocks: LruKeys = field(default_factory=LruKeys)  # least recently used first (the prefix cache's evictor order)
+    blocks: RunLru = field(default_factory=lambda: RunLru(1))  # least recently used first (set by ``reset``)
     written_blocks: int = 0
     read_blocks: int = 0
 
@@ -84,73 +85,87 @@ class OffloadTiers:
         #: set by kvstudy/running/assemble.py); None: every block is local
         self.remote_seconds: Optional[Callable[[float], float]] = None
 
-    def reset(self, block_bytes_per_gpu: int) -> None:
-        """Empty, sized in blocks of ``block_bytes_per_gpu``."""
-        self.block_bytes = int(block_bytes_per_gpu)
+    def reset(self, block_bytes_per_gpu: int, block_size: int = 1) -> None:
+        """Empty, sized in blocks of ``block_bytes_per_gpu``; keys step by ``block_size`` along a chain (``BlockKeys``).
+        """
+        self.block_bytes, self.step = int(block_bytes_per_gpu), int(block_size)
         for tier in self.tiers:
             # whole blocks; 1e-6 absorbs the rounding of a size given as blocks x bytes / 1e9
             tier.capacity_blocks = math.floor(tier.capacity_gb * 1e9 / self.block_bytes + 1e-6) if self.block_bytes else 0
-            tier.blocks = LruKeys()
+            tier.blocks = RunLru(self.step)
             tier.written_blocks = tier.read_blocks = 0
         self.owner.clear()
         self.namers.clear()
 
-    def level(self, key: Hashable) -> Optional[int]:
+    def level(self, key: int) -> Optional[int]:
         """The tier holding ``key``, or None."""
         for k, tier in enumerate(self.tiers):
-            if key in tier.blocks.where:
+            if tier.blocks.find(key) is not None:
                 return k
         return None
 
     # --- writes ---------------------------------------------------------------------------------------------------
-    def put(self, keys: Sequence[Hashable], replica: int = 0) -> int:
+    def put(self, keys: Sequence[int], replica: int = 0) -> int:
         """Blocks a replica's GPU evicted (in eviction order) are written to the first tier (module docstring);
         returns how many were written (a block the pool holds already is only touched)."""
-        # In bulk (C loops; a GPU evicts blocks by the thousand): the batch goes to the end of the first tier in its
-        # order (a block there already moves to the end: touched, not written again; one in a lower tier moves up,
-        # written), then the tier's least recently used leave until it fits.
-        held = self.tiers[0].blocks.where
-        fresh = keys if held.keys().isdisjoint(keys) else [key for key in keys if key not in held]
-        for tier in self.tiers[1:]:
-            below = tier.blocks.where
-            if not below.keys().isdisjoint(fresh):
-                deque(map(tier.blocks.remove, [key for key in fresh if key in below]), maxlen=0)
+        # By runs (kvstudy/memory/offload_runs.py): the batch goes to the end of the first tier in its order (a block
+        # there already moves to the end: touched, not written again; one in a lower tier moves up, written), then
+        # the tier's least recently used leave until it fits.
+        runs = falling_runs(keys, self.step)
+        if len(self.tiers) > 1:  # a block lives in one tier: those written to the first leave a lower one
+            for tier in self.tiers[1:]:
+                for lo, hi in runs:
+                    tier.blocks.cut(lo, hi)
         if self.shared:  # the blocks written now are held by this replica's node (a touched one stays where it is)
-            self.owner.update(dict.fromkeys(fresh, replica))
-        self._append(0, keys)
-        return len(fresh)
+            first, step = self.tiers[0].blocks, self.step
+            self.owner.update(dict.fromkeys([key for lo, hi in runs for a, b in first.gaps(lo, hi)
+                                             for key in range(a, b, step)], replica))
+        return self._append(0, runs)
 
-    def _append(self, level: int, keys: Sequence[Hashable]) -> None:
-        """Keys go to the end of tier ``level`` in their order (one it holds already moves there, touched); then its
-        least recently used leave, to the next tier (written there) or dropped, until it fits."""
+    def _append(self, level: int, runs: Sequence[tuple]) -> int:
+        """Runs of keys go to the end of tier ``level`` in their order (one it holds already moves there, touched);
+        then its least recently used leave, to the next tier (written there) or dropped, until it fits. Returns how
+        many it had not held."""
         tier = self.tiers[level]
-        before = len(tier.blocks)
-        tier.blocks.extend(keys)
-        tier.written_blocks += len(tier.blocks) - before
-        over = len(tier.blocks) - tier.capacity_blocks
+        blocks = tier.blocks
+        new = 0
+        for lo, hi in runs:
+            new += blocks.add(lo, hi)
+        tier.written_blocks += new
+        over = len(blocks) - tier.capacity_blocks
         if over > 0:
-            old: list = []
-            tier.blocks.pop_first(over, old)
+            old = blocks.pop_first(over)
             if level + 1 < len(self.tiers):
                 self._append(level + 1, old)  # demoted (their owner unchanged)
             elif self.shared:
-                deque(map(self.owner.pop, old), maxlen=0)  # dropped
+                deque(map(self.owner.pop, run_keys(old, self.step)), maxlen=0)  # dropped
+        return new
 
     # --- lookups ----------------------------------------------------------------------------------------------------
-    def match(self, keys: Sequence[Hashable], start: int, most: int) -> List[int]:
+    def match(self, keys: Sequence[int], start: int, most: int) -> List[int]:
         """The tiers holding ``keys[start:]``, block after block while each is in some tier (at most up to ``most``)."""
-        end = min(most, len(keys))
+        end, step = min(most, len(keys)), self.step
         if len(self.tiers) == 1:  # one tier (the usual): a run of keys it holds
-            held, k = self.tiers[0].blocks.where, start
-            while k < end and keys[k] in held:
-                k += 1
+            blocks, k = self.tiers[0].blocks, start
+            for lo, hi in rising_runs(keys, start, end, step):
+                n = (min(blocks.held_from(lo), hi) - lo) // step
+                k += n
+                if lo + n * step < hi:
+                    break
             return [0] * (k - start)
-        out = []
-        for k in range(start, end):
-            level = self.level(keys[k])
-            if level is None:
-                break
-            out.append(level)
+        out: List[int] = []
+        for lo, hi in rising_runs(keys, start, end, step):
+            at = lo
+            while at < hi:
+                for level, tier in enumerate(self.tiers):
+                    piece = tier.blocks.find(at)
+                    if piece is not None:
+                        break
+                else:
+                    return out
+                top = min(piece[1], hi)
+                out.extend([level] * ((top - at) // step))
+                at = top
         return out
 
     def transfer_seconds(self, keys: Sequence[Hashable], start: int, count: int, replica: int = 0) -> float:
@@ -209,7 +224,7 @@ class OffloadConnector:
         cluster driver starts first)."""
         self.block_size = int(block_size)
         if not self.pool.shared or self.replica == 0:
-            self.pool.reset(block_bytes_per_gpu)
+            self.pool.reset(block_bytes_per_gpu, block_size)
         self._counters()
 
     def share(self, pool: OffloadTiers, replica: int) -> None:
@@ -275,18 +290,28 @@ class OffloadConnector:
         pool = self.pool
         self.loaded[i] = self.loaded.get(i, 0) + count * self.block_size
         seconds = pool.transfer_seconds(keys, start, count, self.replica)
-        chunk = keys[start:start + count]
-        levels = [pool.level(key) for key in chunk] if len(pool.tiers) > 1 else None
-        for level, tier in enumerate(pool.tiers):
-            mine = [key for key, lv in zip(chunk, levels) if lv == level] if levels is not None else chunk
-            if mine:
-                # touched, tail first (as the GPU releases a request's blocks): the prefix's head is the most recently
-                # used, so the tier drops a chain from its end, never its start
-                tier.blocks.extend(mine[::-1])
-                tier.read_blocks += len(mine)
-                self.read[level] += len(mine)
+        step = pool.step
+        # touched, tail first (as the GPU releases a request's blocks): the prefix's head is the most recently used, so
+        # the tier drops a chain from its end, never its start
+        if len(pool.tiers) == 1:
+            tier = pool.tiers[0]
+            for lo, hi in reversed(rising_runs(keys, start, start + count, step)):
+                tier.blocks.add(lo, hi)
+            tier.read_blocks += count
+            self.read[0] += count
+        else:
+            chunk = keys[start:start + count]
+            levels = [pool.level(key) for key in chunk]
+            for level, tier in enumerate(pool.tiers):
+                mine = [key for key, lv in zip(chunk, levels) if lv == level]
+                if mine:
+                    for lo, hi in falling_runs(mine[::-1], step):
+                        tier.blocks.add(lo, hi)
+                    tier.read_blocks += len(mine)
+                    self.read[level] += len(mine)
         if pool.remote_seconds is not None:
-            self.remote_blocks += sum(1 for key in chunk if pool.owner.get(key, self.replica) != self.replica)
+            self.remote_blocks += sum(1 for key in keys[start:start + count]
+                                      if pool.owner.get(key, self.replica) != self.replica)
         self.pending_seconds += seconds
         self.load_seconds_total += seconds
         return seconds

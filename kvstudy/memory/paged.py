@@ -43,7 +43,7 @@ from kvstudy.errors import ConfigError
 from kvstudy.memory.connector import KVConnector, NoConnector
 from kvstudy.memory.offload import from_config as offload_tiers
 from kvstudy.memory.base import LATER, NEVER, OK
-from kvstudy.memory.prefix import BlockKeys, NoPrefixIndex, PrefixCache
+from kvstudy.memory.prefix import BlockKeys, KeyRuns, NoPrefixIndex, PrefixCache
 from kvstudy.memory.prefix_runs import RunPrefixCache
 
 
@@ -452,8 +452,8 @@ class PrefixCachingMemory(PagedMemory):
         # the blocks after the GPU's hit the connector holds are loaded (or recomputed) as found before this
         # allocation: what the allocation evicts reaches it after the lookup (what cached_tokens promised is what it
         # gets)
-        evicted: list = []
-        self.cache.on_evict = evicted.extend
+        evicted: list = []  # batches of keys (runs from the run cache)
+        self.cache.on_evict = evicted.append
         try:
             hit = self.cache.acquire(i, keys, blocks, most, upto=0)
         finally:
@@ -467,7 +467,9 @@ class PrefixCachingMemory(PagedMemory):
         else:
             connector.skipped(keys, hit, most)
         if evicted and connector.saves:
-            connector.save(evicted)
+            evicted = KeyRuns.joined(evicted)
+            if len(evicted):
+                connector.save(evicted)
         return hit * bs
 
     def advance(self, i: int, computed: int) -> None:

@@ -374,6 +374,19 @@ class KeyRuns:
     def __repr__(self) -> str:
         return f"KeyRuns({self.items()!r})"
 
+    @staticmethod
+    def joined(batches: Sequence[Sequence[Hashable]]) -> Sequence[Hashable]:
+        """Batches of keys one after another: ``KeyRuns`` of one step stay runs; anything else is listed."""
+        if len(batches) == 1:
+            return batches[0]
+        if batches and all(type(b) is KeyRuns and b.step == batches[0].step for b in batches):
+            firsts, starts = [], [0]
+            for b in batches:
+                firsts += b.firsts
+                starts += [starts[-1] + n for n in b.starts[1:]]
+            return KeyRuns(firsts, starts, batches[0].step)
+        return [key for b in batches for key in b]
+
 
 class BlockKeys:
     """Keys of a request's full blocks (engine blocks of ``block_size`` tokens) from its ``segments``: ``(key,

@@ -345,7 +345,9 @@ class RunPrefixCache:
             self.keyed -= 1
             self.evictions += 1
             return
-        evicted: Optional[list] = None if self.on_evict is None else []
+        told = self.on_evict is not None  # the evicted keys as runs, falling: KeyRuns of step -bs
+        firsts: List[int] = []
+        starts: List[int] = [0]
         bs, gone = self.bs, 0
         while gone < short and lru:
             rid = next(iter(lru))
@@ -353,16 +355,17 @@ class RunPrefixCache:
             hi = cend[c]
             take = min((hi - lo) // bs, short - gone)
             low = cend[c] = hi - take * bs
-            if evicted is not None:
-                evicted.extend(range(hi - bs, low - bs, -bs))
+            if told and take:
+                firsts.append(hi - bs)
+                starts.append(starts[-1] + take)
             if low == lo:
                 self._drop_oldest(rid, c)
             gone += take
         self.in_evictor -= gone
         self.keyed -= gone
         self.evictions += gone
-        if evicted is not None:
-            self.on_evict(evicted)
+        if told:
+            self.on_evict(KeyRuns(firsts, starts, -bs))
         if gone < short:
             raise MemoryError(f"{blocks} blocks needed, {blocks - short + gone} free")
 

@@ -121,10 +121,11 @@ def test_a_loaded_prefix_keeps_its_head_longest():
     leave nothing that matches)."""
     view = OffloadConnector(OffloadTiers([Tier("host", 4e-9, 1.0, 1.0)]))
     view.bind(16, 1)
-    view.save(["c2", "c1", "c0"])
-    view.load(0, ["c0", "c1", "c2"], 0, 3)
-    view.save(["x", "y"])
-    assert view.pool.match(["c0", "c1", "c2"], 0, 3) == [0, 0]
+    c0, c1, c2 = key(1, 0), key(1, 1), key(1, 2)
+    view.save([c2, c1, c0])
+    view.load(0, [c0, c1, c2], 0, 3)
+    view.save([key(2, 0), key(3, 0)])
+    assert view.pool.match([c0, c1, c2], 0, 3) == [0, 0]
 
 
 @pytest.mark.parametrize("gbps, loaded", [(18.0, 48), (14.0, 0)])
@@ -140,15 +141,21 @@ def test_load_or_recompute_picks_the_cheaper(gbps, loaded):
         D0 + D1 * 16 + 3 * BLOCK_BYTES / (gbps * 1e9) if loaded else D0 + D1 * 64, rel=1e-12)
 
 
+def key(chain: int, j: int) -> int:
+    """BlockKeys' key of block j of a chain (16-token blocks): ``chain << 32`` plus the block's end offset."""
+    return (chain << 32) + 16 * (j + 1)
+
+
 def test_tiers_unit():
     view = OffloadConnector(OffloadTiers([Tier("host", 4e-9, 1.0, 1.0)]))
     view.bind(16, 1)  # one byte per block: capacity 4 blocks
-    view.save(["a", "b", "c", "d", "e"])
-    assert list(view.pool.tiers[0].blocks) == ["b", "c", "d", "e"]  # a: least recently written, dropped
-    view.load(0, ["b"], 0, 1)  # touched
-    view.save(["f"])
-    assert list(view.pool.tiers[0].blocks) == ["d", "e", "b", "f"]
-    assert view.pool.match(["d", "e", "x", "b"], 0, 4) == [0, 0]
+    a, b, c, d, e, f, x = (key(n, 0) for n in range(1, 8))
+    view.save([a, b, c, d, e])
+    assert list(view.pool.tiers[0].blocks) == [b, c, d, e]  # a: least recently written, dropped
+    view.load(0, [b], 0, 1)  # touched
+    view.save([f])
+    assert list(view.pool.tiers[0].blocks) == [d, e, b, f]
+    assert view.pool.match([d, e, x, b], 0, 4) == [0, 0]
     assert view.written == [6] and view.read == [1]
 
 

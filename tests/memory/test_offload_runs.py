@@ -1,0 +1,158 @@
+"""The offload tiers held as runs (kvstudy/memory/offload_runs.py) against the per-key tiers they replaced (the
+reference below, the code before issue 59's item 3, on kvstudy/memory/prefix.py's ``LruKeys``): the same random
+writes, loads and lookups give every tier's keys in the same order, the same counts and owners."""
+import random
+from collections import deque
+
+import pytest
+
+from kvstudy.memory.offload import OffloadConnector, OffloadTiers, Tier
+from kvstudy.memory.offload_runs import RunLru, falling_runs, rising_runs
+from kvstudy.memory.prefix import KeyRuns, LruKeys
+
+STEP = 16
+
+
+class ReferenceTiers:
+    """The per-key tiers: each an ``LruKeys``; a block in one tier at a time; writes touch, demote, drop."""
+
+    def __init__(self, capacities, shared):
+        self.tiers = [LruKeys() for _ in capacities]
+        self.capacity, self.shared = list(capacities), shared
+        self.written = [0] * len(capacities)
+        self.read = [0] * len(capacities)
+        self.owner = {}
+
+    def level(self, key):
+        for k, tier in enumerate(self.tiers):
+            if key in tier.where:
+                return k
+        return None
+
+    def put(self, keys, replica):
+        held = self.tiers[0].where
+        fresh = [key for key in keys if key not in held]
+        for tier in self.tiers[1:]:
+            deque(map(tier.remove, [key for key in fresh if key in tier.where]), maxlen=0)
+        if self.shared:
+            self.owner.update(dict.fromkeys(fresh, replica))
+        self._append(0, keys)
+        return len(fresh)
+
+    def _append(self, level, keys):
+        tier = self.tiers[level]
+        before = len(tier)
+        tier.extend(keys)
+        self.written[level] += len(tier) - before
+        over = len(tier) - self.capacity[level]
+        if over > 0:
+            old = []
+            tier.pop_first(over, old)
+            if level + 1 < len(self.tiers):
+                self._append(level + 1, old)
+            elif self.shared:
+                deque(map(self.owner.pop, old), maxlen=0)
+
+    def match(self, keys, start, most):
+        out = []
+        for k in range(start, min(most, len(keys))):
+            level = self.level(keys[k])
+            if level is None:
+                break
+            out.append(level)
+        return out
+
+    def load(self, keys, start, count):
+        chunk = list(keys[start:start + count])
+        levels = [self.level(key) for key in chunk]
+        for level, tier in enumerate(self.tiers):
+            mine = [key for key, lv in zip(chunk, levels) if lv == level]
+            if mine:
+                tier.extend(mine[::-1])
+                self.read[level] += len(mine)
+
+
+def key(chain, j):
+    return (chain << 32) + STEP * (j + 1)
+
+
+def _request_keys(rng):
+    """A request's keys: rising, chain after chain (each from its first block), as BlockKeys makes them."""
+    chains = sorted(rng.sample(range(1, 7), rng.randrange(1, 4)))
+    firsts, starts = [], [0]
+    for c in chains:
+        n = rng.randrange(1, 10)
+        firsts.append(key(c, 0))
+        starts.append(starts[-1] + n)
+    runs = KeyRuns(firsts, starts, STEP)
+    return runs if rng.random() < 0.5 else list(runs)
+
+
+def _evicted(rng):
+    """A GPU's evicted batch: runs of a chain's blocks from the top down, chain after chain."""
+    firsts, starts = [], [0]
+    for c in rng.sample(range(1, 7), rng.randrange(1, 4)):
+        top = rng.randrange(1, 10)
+        n = rng.randrange(1, top + 1)
+        firsts.append(key(c, top - 1))
+        starts.append(starts[-1] + n)
+    runs = KeyRuns(firsts, starts, -STEP)
+    return runs if rng.random() < 0.5 else list(runs)
+
+
+def _drive(seed):
+    rng = random.Random(seed)
+    capacities = [rng.randrange(2, 40)] + ([rng.randrange(2, 40)] if seed % 3 == 0 else [])
+    shared = seed % 2 == 1
+    pool = OffloadTiers([Tier(name, n * 1e-9, 1.0, 1.0) for name, n in zip(["host", "disk"], capacities)],
+                        shared=shared)
+    views = [OffloadConnector(pool, 0), OffloadConnector(pool, 1)]
+    views[0].bind(STEP, 1)  # one byte per block: capacities in blocks
+    views[1].block_size = STEP
+    ref = ReferenceTiers(capacities, shared)
+    loads = 0
+    for _ in range(200):
+        op = rng.random()
+        replica = rng.randrange(2)
+        if op < 0.5:
+            batch = _evicted(rng)
+            assert pool.put(batch, replica) == ref.put(list(batch), replica)
+        else:
+            keys = _request_keys(rng)
+            start = rng.randrange(0, len(keys))
+            most = rng.randrange(start, len(keys) + 2)
+            levels = pool.match(keys, start, most)
+            assert levels == ref.match(keys, start, most)
+            if levels and op < 0.85:
+                views[replica].load(0, keys, start, len(levels))
+                ref.load(keys, start, len(levels))
+                loads += 1
+        for tier, lru in zip(pool.tiers, ref.tiers):
+            assert list(tier.blocks) == list(lru) and len(tier.blocks) == len(lru)
+        assert [t.written_blocks for t in pool.tiers] == ref.written
+        assert [t.read_blocks for t in pool.tiers] == ref.read
+        assert pool.owner == ref.owner
+        for k in range(1, 7):
+            for j in range(10):
+                assert pool.level(key(k, j)) == ref.level(key(k, j))
+    return loads
+
+
+@pytest.mark.parametrize("seed", range(120))
+def test_run_tiers_hold_what_the_per_key_tiers_hold(seed):
+    _drive(seed)
+
+
+def test_the_random_operations_load_and_overflow():
+    assert sum(_drive(seed) for seed in range(12)) > 100
+
+
+def test_runs_of_keys():
+    assert falling_runs([key(1, 2), key(1, 1), key(2, 0), key(1, 0)], STEP) == \
+        [(key(1, 1), key(1, 3)), (key(2, 0), key(2, 1)), (key(1, 0), key(1, 1))]
+    assert rising_runs([key(1, 0), key(1, 1), key(2, 0)], 1, 3, STEP) == [(key(1, 1), key(1, 2)), (key(2, 0), key(2, 1))]
+    lru = RunLru(STEP)
+    lru.add(key(1, 0), key(1, 5))
+    lru.cut(key(1, 2), key(1, 3))
+    assert list(lru) == [key(1, 4), key(1, 3), key(1, 1), key(1, 0)] and lru.held_from(key(1, 0)) == key(1, 2)
+    assert lru.gaps(key(1, 0), key(1, 6)) == [(key(1, 2), key(1, 3)), (key(1, 5), key(1, 6))]

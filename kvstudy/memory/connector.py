@@ -10,13 +10,8 @@ transfers take; the records and the cluster driver read its summary. The connect
 memory allocates the blocks a load fills exactly as if they had been computed (vLLM's ``update_state_after_alloc``
 comes after the allocation), so memory is the same whether a prefix is loaded or recomputed; only time differs.
 
-A connector whose store several replicas share (the offload tiers with ``shared``) may also offer
-``key_namer(block_size)``: the one ``BlockKeys`` all those replicas name blocks with, so one key is one content on
-every replica (each replica numbering the chains it meets would give two contents one key). The memory uses its own
-namer when the connector has none or returns None.
-
-Units: *keys* are the prefix cache's block keys (kvstudy/memory/prefix.py: a block's key names its content and
-everything before it, so equal keys are equal KV); *blocks* are the GPU's blocks of ``block_size`` tokens; bytes are
+Units: *keys* are the prefix cache's block keys (kvstudy/memory/path_keys.py: a block's key names its content and
+everything before it, so equal keys are equal KV, on every replica of a run); *blocks* are the GPU's blocks of ``block_size`` tokens; bytes are
 one GPU's shard (``block_bytes_per_gpu``: each GPU of a tensor-parallel group moves its own over its own link);
 seconds are simulated seconds.
 

@@ -39,7 +39,6 @@ from typing import Callable, Dict, Hashable, List, Optional, Sequence
 
 from kvstudy.costs.transfer import Link, layerwise
 from kvstudy.memory.offload_runs import RunLru, falling_runs, rising_runs, run_keys
-from kvstudy.memory.prefix import BlockKeys
 
 #: the tiers kvstudy names, in order (a config sets each one's size and bandwidths; ``None`` size: no such tier)
 TIER_NAMES = ("host", "disk")
@@ -79,8 +78,6 @@ class OffloadTiers:
         self.load_mode, self.choice, self.shared = load, choice, shared
         self.block_bytes = 0
         self.owner: Dict[Hashable, int] = {}  # block key -> the replica whose node holds it (a shared pool only)
-        #: block size -> the one ``BlockKeys`` every replica of a shared pool names its blocks with (``key_namer``)
-        self.namers: Dict[int, BlockKeys] = {}
         #: ``bytes -> seconds`` of a read from another replica's node (a shared pool: the node's send/recv profile,
         #: set by kvstudy/running/assemble.py); None: every block is local
         self.remote_seconds: Optional[Callable[[float], float]] = None
@@ -95,7 +92,6 @@ class OffloadTiers:
             tier.blocks = RunLru(self.step)
             tier.written_blocks = tier.read_blocks = 0
         self.owner.clear()
-        self.namers.clear()
 
     def level(self, key: int) -> Optional[int]:
         """The tier holding ``key``, or None."""
@@ -247,17 +243,12 @@ class OffloadConnector:
             connector.share(pool, k)
         return True
 
-    def key_namer(self, block_size: int) -> Optional[BlockKeys]:
-        """The block keys of a pool the replicas share: one ``BlockKeys`` for all of them, so a key means the same
-        content on every replica (each numbering its own chains as it met them, replica 1's first chain and replica
-        0's had one key: a request found another's blocks in the pool, or missed its own). None: the memory's own."""
-        if not self.pool.shared:
-            return None
-        return self.pool.namers.setdefault(block_size, BlockKeys(block_size))
-
     def save(self, keys: Sequence[Hashable]) -> None:
         """The GPU's prefix cache evicted these blocks: written to the first tier (and what it demotes, to the next)."""
         tiers = self.pool.tiers
+        if len(tiers) == 1:  # (the usual) what the tier writes is what put returns
+            self.written[0] += self.pool.put(keys, self.replica)
+            return
         before = [t.written_blocks for t in tiers]
         self.pool.put(keys, self.replica)
         for k, t in enumerate(tiers):

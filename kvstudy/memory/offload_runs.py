@@ -173,6 +173,18 @@ class RunLru:
         """Keys ``hi - step, ..., lo`` (one chain) join at the end, in that order (held ones move there: touched).
         Returns how many were not held."""
         held = self.cut(lo, hi)
+        count = (hi - lo) // self.step
+        entries = self.entries
+        if entries:  # the tier's last keys continue down into these (a GPU evicting a run block by block): one piece
+            e = next(reversed(entries))
+            own = entries[e]
+            a, b = own[-1]
+            if a == hi:  # (one chain: a key is its chain << 32 plus an offset below 2^32)
+                entries[e] = own[:-1] + ((lo, b),)
+                pieces = self.index[lo >> 32]
+                pieces[bisect_left(pieces, (a, b, e))] = (lo, b, e)  # nothing held lies between: its place stays
+                self.n += count
+                return count - held
         e = self._eid = self._eid + 1
         self.entries[e] = ((lo, hi),)
         pieces = self.index.get(lo >> 32)
@@ -180,7 +192,6 @@ class RunLru:
             self.index[lo >> 32] = [(lo, hi, e)]
         else:
             insort(pieces, (lo, hi, e))
-        count = (hi - lo) // self.step
         self.n += count
         return count - held
 

@@ -43,7 +43,8 @@ from kvstudy.errors import ConfigError
 from kvstudy.memory.connector import KVConnector, NoConnector
 from kvstudy.memory.offload import from_config as offload_tiers
 from kvstudy.memory.base import LATER, NEVER, OK
-from kvstudy.memory.prefix import BlockKeys, KeyRuns, NoPrefixIndex, PrefixCache
+from kvstudy.memory.path_keys import PathKeys
+from kvstudy.memory.prefix import KeyRuns, NoPrefixIndex, PrefixCache
 from kvstudy.memory.prefix_runs import RunPrefixCache
 
 
@@ -314,10 +315,7 @@ class PrefixCachingMemory(PagedMemory):
         # chain; a policy asking who holds each block (track_users) gets the per-block one before the run starts
         self.cache = RunPrefixCache(self.num_blocks, self.block_size, per_block=self._per_block)
         self.connector.bind(self.block_size, self.block_bytes_per_gpu)
-        # a store the replicas share names blocks for all of them (a key means one content everywhere); else our own
-        namer = getattr(self.connector, "key_namer", None)
-        self._keys = (namer(self.block_size) if namer is not None else None) or BlockKeys(self.block_size)
-        self._memo = {}
+        self._paths, self._memo = None, {}  # the keys' names: the trace's tree of segments (set_segments)
         #: the connector supplies or takes blocks (the offload tiers, a user's); False: the prefix cache alone, exactly
         self._external = type(self.connector) is not NoConnector
         if self.connector.saves:
@@ -326,6 +324,9 @@ class PrefixCachingMemory(PagedMemory):
     def set_segments(self, segments) -> None:
         super().set_segments(segments)
         self._memo = {}
+        # blocks named by the tree of every request's segments (kvstudy/memory/path_keys.py): one run of keys per
+        # unbranched stretch, and the same names on every replica given this list (a pool they share compares them)
+        self._paths = PathKeys.of(segments, self.block_size) if segments is not None else None
 
     def _per_block(self) -> None:
         """The per-block cache in the run cache's place (nothing cached yet), keeping who holds each block."""
@@ -374,8 +375,7 @@ class PrefixCachingMemory(PagedMemory):
         memo = self._memo.get(i)
         if memo is not None and memo[0] == tokens:
             return memo[1]
-        segments = self._segments(i)
-        keys = self._keys(segments, tokens) if segments else []
+        keys = self._paths.keys(i, tokens) if self._segments(i) else []
         if len(self._memo) > 4096:  # planning policies ask about many waiting requests: keep the memo small
             self._memo.clear()
         self._memo[i] = (tokens, keys)
@@ -383,12 +383,11 @@ class PrefixCachingMemory(PagedMemory):
 
     def _full_keys(self, i: int, computed: int):
         """Keys of the blocks a leaving request filled beyond those it started with (None: nothing new)."""
-        segments = self._segments(i)
         have = len(self.cache.pending.get(i, ()))
-        if not segments or computed // self.block_size <= have \
-                or sum(n for _, n in segments) // self.block_size <= have:  # no key beyond those it has
+        if not self._segments(i) or computed // self.block_size <= have \
+                or self._paths.segment_total(i) // self.block_size <= have:  # no key beyond those it has
             return None
-        return self._keys(segments, computed)
+        return self._paths.keys(i, computed)
 
     def first_block(self, i: int, tokens: int):
         """A name of request i's first full block within ``tokens`` tokens, or None (it has none, or shares nothing):
@@ -407,13 +406,9 @@ class PrefixCachingMemory(PagedMemory):
 
     def first_block_cached(self, name) -> bool:
         """Whether the first block named ``name`` (``first_block``) is cached now (in use or in the evictor)."""
-        chains, chain = self._keys._chains, -1
         segments, offset = name
-        for key, length in segments:
-            chain = chains.get((chain, key, length))
-            if chain is None:  # never keyed: never cached
-                return False
-        return self.cache.cached((chain << 32) + offset)
+        key = self._paths.key_of(segments, offset + sum(n for _, n in segments[:-1]))
+        return key is not None and self.cache.cached(key)
 
     def cached_tokens(self, i: int, tokens: int) -> int:
         """Its longest cached prefix of whole blocks, at most tokens - 1 (with offload tiers: and the blocks after it a

@@ -335,7 +335,7 @@ class RunPrefixCache:
         if short <= 0:
             return
         lru, cend = self.lru, self.cend
-        if short == 1 and lru and self.on_evict is None:  # a decode's new block (the usual): the oldest run's top
+        if short == 1 and lru:  # a decode's new block (the usual): the oldest run's top
             rid = next(iter(lru))
             c, lo = lru[rid]
             low = cend[c] = cend[c] - self.bs
@@ -344,6 +344,8 @@ class RunPrefixCache:
             self.in_evictor -= 1
             self.keyed -= 1
             self.evictions += 1
+            if self.on_evict is not None:
+                self.on_evict(KeyRuns([low], [0, 1], -self.bs))
             return
         told = self.on_evict is not None  # the evicted keys as runs, falling: KeyRuns of step -bs
         firsts: List[int] = []

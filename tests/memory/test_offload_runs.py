@@ -114,9 +114,14 @@ def _drive(seed):
     for _ in range(200):
         op = rng.random()
         replica = rng.randrange(2)
-        if op < 0.5:
+        if op < 0.35:
             batch = _evicted(rng)
             assert pool.put(batch, replica) == ref.put(list(batch), replica)
+        elif op < 0.5:  # a decode evicting a chain block by block: one key a write, each below the one before
+            c, top = rng.randrange(1, 7), rng.randrange(1, 10)
+            for j in range(top - 1, max(-1, top - 1 - rng.randrange(1, 5)), -1):
+                single = KeyRuns([key(c, j)], [0, 1], -STEP) if rng.random() < 0.5 else [key(c, j)]
+                assert pool.put(single, replica) == ref.put([key(c, j)], replica)
         else:
             keys = _request_keys(rng)
             start = rng.randrange(0, len(keys))

@@ -99,6 +99,18 @@ class LruKeys:
         return gone
 
 
+def check_acquire(cache, i: int, keys: Sequence[Hashable], blocks: int, most: Optional[int]) -> None:
+    """A cache's ``acquire`` refused: request i holds blocks already, has more full blocks than blocks, or its new
+    blocks do not fit (``new_blocks`` against ``free``)."""
+    if i in cache.private:
+        raise ValueError(f"request {i} holds blocks already")
+    if len(keys) > blocks:
+        raise ValueError(f"{len(keys)} full blocks of a request of {blocks} blocks")
+    need = cache.new_blocks(keys, blocks, most)
+    if need > cache.free:
+        raise MemoryError(f"request {i} needs {need} blocks, {cache.free} free")
+
+
 class NoPrefixIndex:
     """"No cache" (kvstudy/memory/base.py's ``PrefixIndex``; SGLang's ``ChunkCache``): nothing cached, nobody
     shares."""
@@ -216,13 +228,7 @@ class PrefixCache:
         token, so a prompt of p tokens reuses at most (p - 1) // block_size blocks). Its full blocks below ``upto``
         (default: all) are cached now, the others by ``advance``. Raises MemoryError if free memory cannot hold
         them (check ``new_blocks`` first)."""
-        if i in self.private:
-            raise ValueError(f"request {i} holds blocks already")
-        if len(keys) > blocks:
-            raise ValueError(f"{len(keys)} full blocks of a request of {blocks} blocks")
-        need = self.new_blocks(keys, blocks, most)
-        if need > self.free:
-            raise MemoryError(f"request {i} needs {need} blocks, {self.free} free")
+        check_acquire(self, i, keys, blocks, most)
         hit = self.hit(keys, most)
         ref, evictor = self.ref, self.evictor
         taken = []

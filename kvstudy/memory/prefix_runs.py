@@ -1,12 +1,13 @@
 """The prefix cache held as runs (issue 59, item 3): the same cache as kvstudy/memory/prefix.py's ``PrefixCache`` (its
-docstring gives vLLM's semantics), with the same answers, evictions and eviction order, counted per *chain* of
-``BlockKeys`` instead of per block. ``PrefixCachingMemory`` runs on it unless a policy asks who holds each block
-(``track_users``: MC-SF's prefix-aware eq. (5)), which only the per-block cache keeps.
+docstring gives vLLM's semantics), with the same answers, evictions and eviction order, counted per *chain* of keys
+instead of per block. ``PrefixCachingMemory`` runs on it unless a policy asks who holds each block (``track_users``:
+MC-SF's prefix-aware eq. (5)), which only the per-block cache keeps.
 
-Why runs are exact. ``BlockKeys`` names block j of chain c (the blocks ending inside one segment, after a given chain
-of segments) ``(c << 32) + o_c + j * block_size``; a chain's id is larger than its parent's, so every request's keys
-are strictly increasing and a chain's blocks are consecutive in them, from its first block (o_c is the same for
-every request). The per-block cache keeps three facts that make each chain's state a few numbers:
+Why runs are exact. The keys name block j of chain c ``(c << 32) + o_c + j * block_size``: a chain is the blocks
+ending inside one segment after a given path (``BlockKeys``) or inside one unbranched stretch of the trace's tree of
+segments (``PathKeys``, kvstudy/memory/path_keys.py, which the memory uses); a chain's id is larger than its
+parent's, so every request's keys are strictly increasing and a chain's blocks are consecutive in them, from its
+first block (o_c is the same for every request). The per-block cache keeps three facts that make each chain's state a few numbers:
 
 1. A request holds a prefix of its keys (a hit is a leading run; ``advance`` registers in order), so it holds a
    prefix ``[base_c, end)`` of each chain it reaches, and a block's holders include the holders of the block after
@@ -30,7 +31,7 @@ from bisect import bisect_left, bisect_right
 from collections import OrderedDict
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-from kvstudy.memory.prefix import KeyRuns
+from kvstudy.memory.prefix import KeyRuns, check_acquire
 
 
 class RunPrefixCache:
@@ -212,26 +213,16 @@ class RunPrefixCache:
 
     def acquire(self, i: int, keys: Sequence[int], blocks: int, most: int = None, upto: int = None) -> int:
         """As ``PrefixCache.acquire``."""
-        if i in self.private:
-            raise ValueError(f"request {i} holds blocks already")
-        if len(keys) > blocks:
-            raise ValueError(f"{len(keys)} full blocks of a request of {blocks} blocks")
-        need = self.new_blocks(keys, blocks, most)
-        if need > self.free:
-            raise MemoryError(f"request {i} needs {need} blocks, {self.free} free")
+        check_acquire(self, i, keys, blocks, most)
         hit = self.hit(keys, most)
-        top, hold, bs = self.top, self.hold, self.bs
+        top, bs = self.top, self.bs
         for c, k, s, e, end in self._chains(keys, 0, hit):
             t = top[c]
             if end > t:  # its blocks above the chain's top come back from the evictor
                 self._take_back(c, end)
                 self.used += (end - t) // bs
                 top[c] = end
-            h = hold.get(c)
-            if h is None:
-                hold[c] = {i: end}
-            else:
-                h[i] = end
+            self._hold(c, i, end)
         own = blocks - hit
         self._make_room(own)
         self.used += own
@@ -269,14 +260,18 @@ class RunPrefixCache:
                 if kend > ce:
                     self.keyed += (kend - ce) // bs
                     cend[c] = kend
-            h = hold.get(c)
-            if h is None:
-                hold[c] = {i: kend}
-            else:
-                h[i] = kend
+            self._hold(c, i, kend)
         self.keyed += new
         self.private[i] -= end - start
         self.held[i] = end
+
+    def _hold(self, c: int, i: int, end: int) -> None:
+        """Request i holds chain c's blocks below ``end``."""
+        h = self.hold.get(c)
+        if h is None:
+            self.hold[c] = {i: end}
+        else:
+            h[i] = end
 
     def grow(self, i: int, blocks: int = 1) -> None:
         """As ``PrefixCache.grow``."""

@@ -27,6 +27,12 @@ _TOP = 1 << 80  # above every key and entry id: (key, _TOP) sorts after every pi
 Run = Tuple[int, int]  # [lo, hi): keys hi - step, ..., lo, in that order
 
 
+def _int_key(key) -> None:
+    if type(key) is not int:
+        raise TypeError(f"offload tiers: key {key!r} is not a block key (an int, as the prefix cache names blocks: "
+                        f"kvstudy/memory/path_keys.py)")
+
+
 def falling_runs(keys: Sequence[int], step: int) -> List[Run]:
     """``keys`` (in their order) as runs: consecutive keys of one chain, each ``step`` below the one before. Read from
     ``KeyRuns`` of step ``-step`` directly; a plain list is grouped key by key (a key alone is a run of one)."""
@@ -36,6 +42,7 @@ def falling_runs(keys: Sequence[int], step: int) -> List[Run]:
                 for r, first in enumerate(keys.firsts) if starts[r + 1] > starts[r]]
     out: List[Run] = []
     for key in keys:
+        _int_key(key)
         if out and out[-1][0] == key + step and (key >> 32) == (out[-1][0] >> 32):
             out[-1] = (key, out[-1][1])
         else:
@@ -60,6 +67,7 @@ def rising_runs(keys: Sequence[int], start: int, end: int, step: int) -> List[Ru
         return out
     out = []
     for key in keys[start:end]:
+        _int_key(key)
         if out and out[-1][1] == key and (key >> 32) == ((key - step) >> 32):
             out[-1] = (out[-1][0], key + step)
         else:

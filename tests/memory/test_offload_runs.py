@@ -152,6 +152,11 @@ def test_the_random_operations_load_and_overflow():
     assert sum(_drive(seed) for seed in range(12)) > 100
 
 
+def test_a_key_that_is_not_the_caches_is_named():
+    with pytest.raises(TypeError, match="'a' is not a block key"):
+        falling_runs(["a"], STEP)
+
+
 def test_runs_of_keys():
     assert falling_runs([key(1, 2), key(1, 1), key(2, 0), key(1, 0)], STEP) == \
         [(key(1, 1), key(1, 3)), (key(2, 0), key(2, 1)), (key(1, 0), key(1, 1))]

@@ -90,7 +90,7 @@ def test_a_one_tier_load_takes_the_read_bandwidth(tier):
 def test_transfer_time_is_read_bandwidth_with_one_tier_or_two():
     """The same three blocks held in a tier of read 7 / write 5 GB/s take 3 x 1000 B / 7 GB/s whether the tier is
     alone or the first of two (the one-tier short way and the general count agree)."""
-    keys = ["k0", "k1", "k2"]
+    keys = [(1 << 32) + 16 * j for j in (1, 2, 3)]  # a chain's first three blocks (BlockKeys' keys are ints)
     for tiers in ([Tier("disk", 1.0, 7.0, 5.0)], [Tier("host", 1.0, 7.0, 5.0), Tier("disk", 1.0, 2.0, 3.0)]):
         view = OffloadConnector(OffloadTiers(tiers))
         view.bind(16, 1000)
@@ -99,31 +99,36 @@ def test_transfer_time_is_read_bandwidth_with_one_tier_or_two():
 
 
 # --- 4. a block evicted a second time moves to the tier's most recently used end -------------------------------
+#: four blocks of four unrelated chains, as BlockKeys/PathKeys name them (chain << 32 plus the block's end offset)
+BLOCKS = tuple((n << 32) + 16 for n in range(1, 5))
+
 def test_a_block_evicted_twice_is_touched_not_dropped_first():
     """A host tier of 3 one-byte blocks: the GPU evicts a, b, c (written, a least recent), then a again (the GPU had
     loaded and re-cached it: a block the tier holds already is touched, not written), then d: the least recently used
     is now b, which leaves; a stays. Written: 4 blocks (a once)."""
+    a, b, c, d = BLOCKS
     view = OffloadConnector(OffloadTiers([Tier("host", 3e-9, 1.0, 1.0)]))
     view.bind(16, 1)
-    view.save(["a", "b", "c"])
-    view.save(["a"])
-    view.save(["d"])
-    assert list(view.pool.tiers[0].blocks) == ["c", "a", "d"]
+    view.save([a, b, c])
+    view.save([a])
+    view.save([d])
+    assert list(view.pool.tiers[0].blocks) == [c, a, d]
     assert view.written == [4]
-    assert view.pool.match(["a"], 0, 1) == [0] and view.pool.match(["b"], 0, 1) == []
+    assert view.pool.match([a], 0, 1) == [0] and view.pool.match([b], 0, 1) == []
 
 
 def test_a_block_evicted_twice_moves_up_from_the_lower_tier():
     """Host of 2 blocks over a disk of 2: a, b, c evicted (a demoted to disk), then a again: written to the host
     (it leaves the disk: one tier at a time), which demotes b, the host's least recent; then d demotes c."""
+    a, b, c, d = BLOCKS
     view = OffloadConnector(OffloadTiers([Tier("host", 2e-9, 1.0, 1.0), Tier("disk", 2e-9, 1.0, 1.0)]))
     view.bind(16, 1)
-    view.save(["a", "b", "c"])
-    assert [list(t.blocks) for t in view.pool.tiers] == [["b", "c"], ["a"]]
-    view.save(["a"])
-    assert [list(t.blocks) for t in view.pool.tiers] == [["c", "a"], ["b"]]
-    view.save(["d"])
-    assert [list(t.blocks) for t in view.pool.tiers] == [["a", "d"], ["b", "c"]]
+    view.save([a, b, c])
+    assert [list(t.blocks) for t in view.pool.tiers] == [[b, c], [a]]
+    view.save([a])
+    assert [list(t.blocks) for t in view.pool.tiers] == [[c, a], [b]]
+    view.save([d])
+    assert [list(t.blocks) for t in view.pool.tiers] == [[a, d], [b, c]]
     assert view.written == [5, 3]
 
 

@@ -206,12 +206,12 @@ def test_auto_loads_when_the_transfer_beats_the_marginal_recompute_of_the_reques
     load. At 1.5 MB per block (3,000 us) still load; at 2 MB (4,000 us) recompute."""
     from kvstudy.memory.offload import OffloadConnector, OffloadTiers, Tier
 
-    keys = ["k0", "k1", "k2", "k3", "k4", "k5"]
+    keys = [(1 << 32) + 16 * (j + 1) for j in range(6)]  # a prompt's six blocks (one chain, as the cache keys them)
     for block_bytes, loads in ((1_000_000, 2), (1_500_000, 2), (2_000_000, 0)):
         tiers = OffloadConnector(OffloadTiers([Tier("host", 1.0, 1.0, 1.0)], choice="auto"))
         tiers.bind(16, block_bytes)
         tiers.set_timing(1, lambda tokens, context: 1e-6 * tokens ** 2)
-        tiers.save(["k3", "k2"])
+        tiers.save([keys[3], keys[2]])
         assert tiers.plan(keys, 2, (100 - 1) // 16, 100) == loads, block_bytes
 
 

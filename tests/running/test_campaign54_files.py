@@ -26,7 +26,7 @@ def test_a_tiers_hit_rate_counts_hits_and_lookups_at_the_same_lookups_by_hand():
 
     view = OffloadConnector(OffloadTiers([Tier("host", 1.0, 31.5, 31.5)], choice="load"))
     view.bind(16, 1000)
-    keys = ["a", "b", "c"]
+    keys = [(1 << 32) + 16 * (j + 1) for j in range(3)]  # three blocks of one chain, as the cache keys them
     view.save(keys[::-1])
     for tokens in (64, 66):
         view.looked_up(tokens)

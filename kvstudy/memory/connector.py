@@ -11,7 +11,8 @@ memory allocates the blocks a load fills exactly as if they had been computed (v
 comes after the allocation), so memory is the same whether a prefix is loaded or recomputed; only time differs.
 
 Units: *keys* are the prefix cache's block keys (kvstudy/memory/path_keys.py: a block's key names its content and
-everything before it, so equal keys are equal KV, on every replica of a run); *blocks* are the GPU's blocks of ``block_size`` tokens; bytes are
+everything before it, so equal keys are equal KV, on every replica of a run; a batch of keys is a read-only
+sequence, often a ``KeyRuns`` of arithmetic runs rather than a list: index it, iterate it, or ``list()`` it); *blocks* are the GPU's blocks of ``block_size`` tokens; bytes are
 one GPU's shard (``block_bytes_per_gpu``: each GPU of a tensor-parallel group moves its own over its own link);
 seconds are simulated seconds.
 

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, Hashable, List, Optional, Sequence
 
 from kvstudy.costs.transfer import Link, layerwise
+from kvstudy.errors import ConfigError
 from kvstudy.memory.offload_runs import RunLru, falling_runs, rising_runs, run_keys
 
 #: the tiers kvstudy names, in order (a config sets each one's size and bandwidths; ``None`` size: no such tier)
@@ -221,6 +222,10 @@ class OffloadConnector:
         self.block_size = int(block_size)
         if not self.pool.shared or self.replica == 0:
             self.pool.reset(block_bytes_per_gpu, block_size)
+        elif self.pool.step != self.block_size:  # a key names a block of one size: a pool's replicas share it
+            raise ConfigError(f"memory.offload.shared=true with replicas of different memory.block_size "
+                              f"({self.pool.step} and {self.block_size} tokens): the pool's blocks are of one size; "
+                              f"allowed: one block size on every replica, or shared=false")
         self._counters()
 
     def share(self, pool: OffloadTiers, replica: int) -> None:

@@ -135,7 +135,7 @@ class RunPrefixCache:
                 return s
             if s + (ce - k) // bs < e:
                 return s + (ce - k) // bs
-        return most
+        return most if most > 0 else 0
 
     def new_blocks(self, keys: Sequence[int], blocks: int, most: int = None, dropped=()) -> int:
         """As ``PrefixCache.new_blocks``; ``dropped``: ``release_gain``'s second answer ((chain, its top once those
@@ -176,7 +176,7 @@ class RunPrefixCache:
 
     def release_gain(self, requests: Iterable[int]) -> Tuple[int, set]:
         """(blocks freed, {chain: its top after}) if all ``requests`` give their blocks back."""
-        requests = list(requests)
+        requests = list(dict.fromkeys(requests))  # each request once
         gone = set(requests)
         gain = sum(self.private.get(i, 0) for i in requests)
         chains = {c for i in requests if self.held.get(i) for c, _ in self._ends(i)}

@@ -89,20 +89,24 @@ def _request_keys(rng):
 
 
 def _evicted(rng):
-    """A GPU's evicted batch: runs of a chain's blocks from the top down, chain after chain."""
-    firsts, starts = [], [0]
-    for c in rng.sample(range(1, 7), rng.randrange(1, 4)):
-        top = rng.randrange(1, 10)
+    """A GPU's evicted batch: runs of a chain's blocks from the top down, chain after chain; now and then a chain
+    twice, below a gap (two of the cache's runs of one chain; never one key twice)."""
+    firsts, starts, taken = [], [0], {}
+    for c in rng.choices(range(1, 7), k=rng.randrange(1, 4)):
+        top = min(rng.randrange(1, 10), taken.get(c, 10) - 1)  # below what the batch took of the chain already
+        if top < 1:
+            continue
         n = rng.randrange(1, top + 1)
         firsts.append(key(c, top - 1))
         starts.append(starts[-1] + n)
+        taken[c] = top - n
     runs = KeyRuns(firsts, starts, -STEP)
     return runs if rng.random() < 0.5 else list(runs)
 
 
 def _drive(seed):
     rng = random.Random(seed)
-    capacities = [rng.randrange(2, 40)] + ([rng.randrange(2, 40)] if seed % 3 == 0 else [])
+    capacities = [rng.choice([0, 1, rng.randrange(2, 40)])] + ([rng.randrange(0, 40)] if seed % 3 == 0 else [])
     shared = seed % 2 == 1
     pool = OffloadTiers([Tier(name, n * 1e-9, 1.0, 1.0) for name, n in zip(["host", "disk"], capacities)],
                         shared=shared)
@@ -129,8 +133,9 @@ def _drive(seed):
             levels = pool.match(keys, start, most)
             assert levels == ref.match(keys, start, most)
             if levels and op < 0.85:
-                views[replica].load(0, keys, start, len(levels))
-                ref.load(keys, start, len(levels))
+                count = len(levels) if rng.random() < 0.7 else rng.randrange(1, len(levels) + 1)  # part of it
+                views[replica].load(0, keys, start, count)
+                ref.load(keys, start, count)
                 loads += 1
         for tier, lru in zip(pool.tiers, ref.tiers):
             assert list(tier.blocks) == list(lru) and len(tier.blocks) == len(lru)
@@ -150,6 +155,16 @@ def test_run_tiers_hold_what_the_per_key_tiers_hold(seed):
 
 def test_the_random_operations_load_and_overflow():
     assert sum(_drive(seed) for seed in range(12)) > 100
+
+
+def test_a_shared_pool_of_replicas_with_two_block_sizes_is_refused():
+    from kvstudy.errors import ConfigError
+
+    pool = OffloadTiers([Tier("host", 1.0, 1.0, 1.0)], shared=True)
+    first, second = OffloadConnector(pool, 0), OffloadConnector(pool, 1)
+    first.bind(16, 1)
+    with pytest.raises(ConfigError, match="different memory.block_size"):
+        second.bind(32, 1)
 
 
 def test_a_key_that_is_not_the_caches_is_named():

@@ -4,6 +4,7 @@ import random
 
 import pytest
 
+from kvstudy.memory.path_keys import PathKeys
 from kvstudy.memory.prefix import BlockKeys, PrefixCache
 from kvstudy.memory.prefix_runs import RunPrefixCache
 
@@ -35,10 +36,11 @@ def _drive(seed):
     block.on_first, runs.on_first = first_b.append, first_r.append
     make = BlockKeys(bs)
     prompts = _prompts(rng, bs)
+    paths = PathKeys(prompts, bs) if seed % 4 >= 2 else None  # as the memory names blocks, or per segment
     live, nxt = {}, 0  # request -> (segments, tokens)
 
-    def keys_of(segs, tokens):  # the runs as BlockKeys gives them, or listed (the run cache bisects a list)
-        keys = make(segs, tokens)
+    def keys_of(segs, tokens):  # the runs as the namer gives them, or listed (the run cache bisects a list)
+        keys = paths.keys(prompts.index(segs), tokens) if paths is not None else make(segs, tokens)
         return keys if rng.random() < 0.5 else list(keys)
 
     for step in range(300):
@@ -47,8 +49,8 @@ def _drive(seed):
             segs = rng.choice(prompts)
             tokens = rng.randrange(1, sum(n for _, n in segs) + 3 * bs + 2)
             keys = keys_of(segs, tokens)
-            blocks = -(-tokens // bs)
-            most = (tokens - 1) // bs
+            blocks = -(-tokens // bs) + (rng.random() < 0.2)  # now and then a block to spare
+            most = (tokens - 1) // bs if rng.random() < 0.8 else rng.randrange(0, (tokens - 1) // bs + 1)
             need = block.new_blocks(keys, blocks, most)
             assert need == runs.new_blocks(keys, blocks, most)
             assert block.hit(keys, most) == runs.hit(keys, most)
@@ -68,12 +70,12 @@ def _drive(seed):
             if block.free >= 1:
                 block.grow(i)
                 runs.grow(i)
-        elif op < 0.62:  # a request sharing nothing
+        elif op < 0.62:  # a request sharing nothing, or one swapped in (blocks of its own, keys given at release)
             if block.free >= 2:
                 i, nxt = nxt, nxt + 1
                 block.grow(i, 2)
                 runs.grow(i, 2)
-                live[i] = ((), 0)
+                live[i] = ((), 0) if rng.random() < 0.5 else (rng.choice(prompts), 2 * bs)
         elif op < 0.85 and live:  # a release, its computed blocks cached (with keys its decode filled)
             i = rng.choice(sorted(live))
             segs, tokens = live.pop(i)
@@ -114,6 +116,12 @@ def test_runs_answer_as_the_per_block_cache(seed):
 def test_the_random_operations_evict():
     """The comparison above reaches eviction, partial runs and hits (else it would prove little)."""
     assert sum(_drive(seed) > 0 for seed in range(40)) >= 20
+
+
+def test_a_hit_of_at_most_nothing_is_nothing():
+    runs = RunPrefixCache(10, 4)
+    runs.acquire(0, [4, 8], 2)
+    assert runs.hit([4, 8], 0) == 0 and runs.hit([4, 8], -1) == 0 and runs.hit([4, 8]) == 2
 
 
 def test_track_users_hands_over_to_the_per_block_cache_only_before_anything_is_cached():

@@ -97,13 +97,8 @@ class PagedCacheRows(PagedRows):
         self.cache_rows: list = []
 
     def decode_only(self, start: float, duration: float, decodes: int, decode_kv: int) -> None:
-        # PagedRows.decode_only's row, inlined: a decode run writes one row per iteration, and the extra call per row
-        # was a noticeable share of a Mooncake run's time with caching on
-        memory = self.memory
-        used = memory.used
-        self.rows.append((start, duration, decodes, 0, decodes, decode_kv, self.capacity, False, 0, used, 0,
-                          self.num_blocks - used, memory.host_used, 0.0, 0, 0, 0, 0))
-        self.cache_rows += memory.cache_stats()
+        super().decode_only(start, duration, decodes, decode_kv)
+        self.cache_rows.extend(self.memory.cache_stats())
 
     def iteration(self, start: float, duration: float, batch, decision) -> None:
         super().iteration(start, duration, batch, decision)

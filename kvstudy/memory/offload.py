@@ -109,10 +109,9 @@ class OffloadTiers:
         # there already moves to the end: touched, not written again; one in a lower tier moves up, written), then
         # the tier's least recently used leave until it fits.
         runs = falling_runs(keys, self.step)
-        if len(self.tiers) > 1:  # a block lives in one tier: those written to the first leave a lower one
-            for tier in self.tiers[1:]:
-                for lo, hi in runs:
-                    tier.blocks.cut(lo, hi)
+        for tier in self.tiers[1:]:  # a block lives in one tier: those written to the first leave a lower one
+            for lo, hi in runs:
+                tier.blocks.cut(lo, hi)
         if self.shared:  # the blocks written now are held by this replica's node (a touched one stays where it is)
             first, step = self.tiers[0].blocks, self.step
             self.owner.update(dict.fromkeys([key for lo, hi in runs for a, b in first.gaps(lo, hi)
@@ -251,9 +250,6 @@ class OffloadConnector:
     def save(self, keys: Sequence[Hashable]) -> None:
         """The GPU's prefix cache evicted these blocks: written to the first tier (and what it demotes, to the next)."""
         tiers = self.pool.tiers
-        if len(tiers) == 1:  # (the usual) what the tier writes is what put returns
-            self.written[0] += self.pool.put(keys, self.replica)
-            return
         before = [t.written_blocks for t in tiers]
         self.pool.put(keys, self.replica)
         for k, t in enumerate(tiers):

@@ -27,6 +27,11 @@ _TOP = 1 << 80  # above every key and entry id: (key, _TOP) sorts after every pi
 Run = Tuple[int, int]  # [lo, hi): keys hi - step, ..., lo, in that order
 
 
+def _last_from(pieces: list, key: int) -> int:
+    """The index of the last piece starting at or below ``key`` (-1: none)."""
+    return bisect_right(pieces, (key, _TOP)) - 1
+
+
 def _int_key(key) -> None:
     if type(key) is not int:
         raise TypeError(f"offload tiers: key {key!r} is not a block key (an int, as the prefix cache names blocks: "
@@ -102,7 +107,7 @@ class RunLru:
         pieces = self.index.get(key >> 32)
         if not pieces:
             return None
-        j = bisect_right(pieces, (key, _TOP)) - 1
+        j = _last_from(pieces, key)
         if j >= 0 and pieces[j][1] > key:
             return pieces[j]
         return None
@@ -115,7 +120,7 @@ class RunLru:
         pieces = self.index.get(key >> 32)
         if not pieces:
             return key
-        j = bisect_right(pieces, (key, _TOP)) - 1
+        j = _last_from(pieces, key)
         if j < 0 or pieces[j][1] <= key:
             return key
         end = pieces[j][1]
@@ -131,7 +136,7 @@ class RunLru:
         if not pieces:
             return [(lo, hi)]
         out, at = [], lo
-        j = max(0, bisect_right(pieces, (lo, _TOP)) - 1)
+        j = max(0, _last_from(pieces, lo))
         while j < len(pieces) and pieces[j][0] < hi:
             a, b, _ = pieces[j]
             if b > at:
@@ -151,7 +156,7 @@ class RunLru:
         if not pieces:
             return 0
         step, entries = self.step, self.entries
-        j = bisect_right(pieces, (lo, _TOP)) - 1
+        j = _last_from(pieces, lo)
         if j < 0 or pieces[j][1] <= lo:
             j += 1
         removed = 0

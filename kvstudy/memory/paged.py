@@ -340,17 +340,6 @@ class PrefixCachingMemory(PagedMemory):
         self.cache.grow(i, blocks)
         self.used = self.cache.used
 
-    def hold(self, i: int, blocks: int) -> int:
-        """``PagedMemory.hold`` with ``_take`` inlined: a decode run calls it for every block a request fills."""
-        add = blocks - self.gpu.get(i, 0)
-        if add > 0:
-            self.gpu[i] = blocks
-            cache = self.cache
-            cache.grow(i, add)
-            self.used = cache.used
-            return add
-        return 0
-
     def lend(self, host: int, guest: int, blocks: int) -> None:
         raise ConfigError("memory.prefix_caching=true does not model CacheOPT's embedding (lending held blocks); "
                           "turn one of them off")
@@ -406,8 +395,7 @@ class PrefixCachingMemory(PagedMemory):
 
     def first_block_cached(self, name) -> bool:
         """Whether the first block named ``name`` (``first_block``) is cached now (in use or in the evictor)."""
-        segments, offset = name
-        key = self._paths.key_of(segments, offset + sum(n for _, n in segments[:-1]))
+        key = self._paths.key_of(name[0], self.block_size)  # a first block ends at token block_size
         return key is not None and self.cache.cached(key)
 
     def cached_tokens(self, i: int, tokens: int) -> int:

@@ -32,6 +32,7 @@ class PathKeys:
         kids: dict = {}   # (parent node, segment key, length) -> node
         parent: List[int] = []
         start: List[int] = []  # a node's first token (the tokens of the path before it)
+        ends: List[int] = []   # a node's end token
         children: List[int] = []
         last: List[int] = []   # per request: the node its segments end in (-1: none)
         for segs in segments:
@@ -44,6 +45,7 @@ class PathKeys:
                         nxt = kids[link] = len(parent)
                         parent.append(node)
                         start.append(pos)
+                        ends.append(pos + length)
                         children.append(0)
                         if node >= 0:
                             children[node] += 1
@@ -55,9 +57,6 @@ class PathKeys:
         for v, p in enumerate(parent):
             if p >= 0 and children[p] == 1:
                 head[v] = head[p]
-        ends = [0] * len(parent)  # a node's end token
-        for (p, _, length), v in kids.items():
-            ends[v] = start[v] + length
         self._kids, self._parent, self._start, self._head, self._end, self._last = \
             kids, parent, start, head, ends, last
 

@@ -330,18 +330,6 @@ class RunPrefixCache:
         if short <= 0:
             return
         lru, cend = self.lru, self.cend
-        if short == 1 and lru:  # a decode's new block (the usual): the oldest run's top
-            rid = next(iter(lru))
-            c, lo = lru[rid]
-            low = cend[c] = cend[c] - self.bs
-            if low == lo:
-                self._drop_oldest(rid, c)
-            self.in_evictor -= 1
-            self.keyed -= 1
-            self.evictions += 1
-            if self.on_evict is not None:
-                self.on_evict(KeyRuns([low], [0, 1], -self.bs))
-            return
         told = self.on_evict is not None  # the evicted keys as runs, falling: KeyRuns of step -bs
         firsts: List[int] = []
         starts: List[int] = [0]

@@ -58,7 +58,7 @@ from time import perf_counter
 
 import numpy as np
 
-from kvstudy.engine import decode_bulk, records
+from kvstudy.engine import records
 from kvstudy.engine.check import check_decision, located
 from kvstudy.engine.events import EventLog
 from kvstudy.engine.indexed_queue import IndexedQueue
@@ -83,10 +83,6 @@ class StepEngine:
     (kvstudy/memory/base.py). ``arrivals`` and ``overflow_cost=authors_code`` reproduce the MC-SF authors' loop
     (memory=paper only). Build one through assembly.py's ``build_engine``, which checks the settings together and
     wraps an admission-only policy; this constructor only composes."""
-
-    #: a decode run's long stretches computed as a whole where the memory allows (decode_bulk.py); False: one by one
-    #: (the differential tests' reference, tests/engine/test_decode_bulk.py)
-    bulk_decode = True
 
     def __init__(self, requests: Requests, predicted: np.ndarray, policy: StepPolicy, latency,
                  memory, swap: SwapModel, arch, hardware, stall_limit: int = 100,
@@ -127,7 +123,6 @@ class StepEngine:
         #: batches in flight, as Vidur's replicas do); assembly.py checks it against hardware.pipeline_parallel
         self.stages = int(getattr(latency, "stages", 1) or 1)
         self.pipe = None
-        self.bulk = None  # the decode runs' bulk path (decode_bulk.py), set by each run
         #: a replica of a cluster that ``drive`` steps (kvstudy/cluster/driver.py): the per-request lists its replicas
         #: share (RunState's ``shared``), and its records then hold only its own requests' rows (and those routed
         #: nowhere; ``merge`` puts them together); None: a run of its own
@@ -187,7 +182,6 @@ class StepEngine:
             if mem.prefix_caching:
                 mem.cache.on_first = st.waiting.told_cached
         self.rows = records.row_log(mem)
-        self.bulk = decode_bulk.for_engine(self) if self.bulk_decode else None
         if self.adapted:
             self.policy.forget()  # a second run of this engine starts from nothing, as the first
         self.events = ev = EventLog() if self.record_events else None
@@ -585,18 +579,10 @@ class StepEngine:
         with ``spare`` to spare, and ``max_run`` (engine.max_iterations) allows; their seconds from the latency
         model's ``decode_run_seconds`` when it has one, asked in blocks. Returns (the last iteration's start, its
         seconds, its stamp, the requests that finished in it, its decoders' context before it, iterations in all)."""
-        bulk, run, finished = self.bulk, 1, []
-        while bulk is not None:  # long stretches as a whole (decode_bulk.py), the rest one by one
-            went = bulk.advance(t, dt, stamp, ctx, n, limit, max_run, run, spare)
-            if went is None:
-                break
-            t, dt, stamp, finished, ctx, run, done = went
-            if done:
-                return t, dt, stamp, finished, ctx, run
         mem, clock = self.memory, self.state.clock
         grow_at, tick, rows, seconds = clock.grow_at, clock.tick, self.rows, self.seconds
         at_start, overlap, run_seconds = self.at_start, self.overlap, self.run_seconds
-        ahead, at, block = [], 0, 32  # ahead: the next iterations' seconds, asked in blocks
+        run, ahead, at, block, finished = 1, [], 0, 32, []  # ahead: the next iterations' seconds, asked in blocks
         while True:
             # the next iteration's growing requests take their blocks if the promise's condition holds; else the
             # policy decides (the loop's next pass computes the same growing set for it)

@@ -10,8 +10,6 @@ when a run ends, in the columns of its memory model's convention.
 """
 from __future__ import annotations
 
-from itertools import repeat
-
 import numpy as np
 import pandas as pd
 
@@ -73,17 +71,6 @@ class PagedRows(PaperRows):
         used = self.memory.used
         self.rows.append((start, duration, decodes, 0, decodes, decode_kv, self.capacity, False, 0, used, 0,
                           self.num_blocks - used, self.memory.host_used, 0.0, 0, 0, 0, 0))
-
-    def decode_run(self, starts: list, durations: list, decodes: int, decode_kvs, useds: list) -> None:
-        """``decode_only`` for each of a decode run's iterations at once (kvstudy/engine/decode_bulk.py): their
-        starts, seconds, decoders' KV tokens and blocks in use."""
-        k = len(starts)
-        free = [self.num_blocks - used for used in useds]
-        # the rows' tuples made by zip (as ``decode_only`` makes each): the constant columns repeated
-        self.rows.extend(zip(starts, durations, repeat(decodes, k), repeat(0, k), repeat(decodes, k), decode_kvs,
-                             repeat(self.capacity, k), repeat(False, k), repeat(0, k), useds, repeat(0, k), free,
-                             repeat(self.memory.host_used, k), repeat(0.0, k), repeat(0, k), repeat(0, k),
-                             repeat(0, k), repeat(0, k)))
 
     def iteration(self, start: float, duration: float, batch, decision) -> None:
         used, decodes, preempted = self.memory.used, batch.decodes, len(decision.preempt)

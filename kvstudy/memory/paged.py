@@ -206,15 +206,6 @@ class PagedMemory:
         """``blocks`` more blocks of request i's own in use."""
         self.used += blocks
 
-    def grow_many(self, requests, blocks) -> None:
-        """Each of ``requests`` holds its ``blocks`` more blocks (a decode run's boundaries taken at once,
-        kvstudy/engine/decode_bulk.py): ``hold`` of each, in one call (plain paged memory only: a count)."""
-        gpu, total = self.gpu, 0
-        for i, add in zip(requests, blocks):
-            gpu[i] += add
-            total += add
-        self.used += total
-
     def lend(self, host: int, guest: int, blocks: int) -> None:
         """Move ``blocks`` of the host's held blocks to the guest (CacheOPT's embedding)."""
         self.gpu[host] -= blocks

@@ -40,6 +40,7 @@ from typing import Callable, Dict, Hashable, List, Optional, Sequence
 from kvstudy.costs.transfer import Link, layerwise
 from kvstudy.errors import ConfigError
 from kvstudy.memory.offload_runs import RunLru, falling_runs, rising_runs, run_keys
+from kvstudy.memory.prefix import KeyRuns
 
 #: the tiers kvstudy names, in order (a config sets each one's size and bandwidths; ``None`` size: no such tier)
 TIER_NAMES = ("host", "disk")
@@ -75,7 +76,10 @@ class OffloadTiers:
             raise ValueError(f"memory.offload.choice={choice!r}: allowed {', '.join(CHOICES)}")
         if not tiers:
             raise ValueError("memory.offload: no tier (give memory.offload.host_gb and/or disk_gb)")
-        self.tiers: List[Tier] = list(tiers)
+        self._tiers: List[Tier] = list(tiers)
+        #: a write the pool has taken but not yet carried out: [lo, hi, replica, counts] (``write``), or None
+        self._pending: Optional[list] = None
+        self._local_sums: Dict[int, float] = {}
         self.load_mode, self.choice, self.shared = load, choice, shared
         self.block_bytes = 0
         self.owner: Dict[Hashable, int] = {}  # block key -> the replica whose node holds it (a shared pool only)
@@ -83,9 +87,19 @@ class OffloadTiers:
         #: set by kvstudy/running/assemble.py); None: every block is local
         self.remote_seconds: Optional[Callable[[float], float]] = None
 
+    @property
+    def tiers(self) -> List[Tier]:
+        """The tiers, first to last, with every write taken carried out (``write``): whoever reads them sees the state
+        the writes in order make."""
+        if self._pending is not None:
+            self.flush()
+        return self._tiers
+
     def reset(self, block_bytes_per_gpu: int, block_size: int = 1) -> None:
         """Empty, sized in blocks of ``block_bytes_per_gpu``; keys step by ``block_size`` along a chain (``BlockKeys``).
         """
+        self._pending = None
+        self._local_sums = {}  # count -> seconds of that many blocks read from the one tier (``transfer_seconds``)
         self.block_bytes, self.step = int(block_bytes_per_gpu), int(block_size)
         for tier in self.tiers:
             # whole blocks; 1e-6 absorbs the rounding of a size given as blocks x bytes / 1e9
@@ -105,15 +119,77 @@ class OffloadTiers:
     def put(self, keys: Sequence[int], replica: int = 0) -> int:
         """Blocks a replica's GPU evicted (in eviction order) are written to the first tier (module docstring);
         returns how many were written (a block the pool holds already is only touched)."""
+        if self._pending is not None:
+            self.flush()
+        return self._put_runs(falling_runs(keys, self.step), replica)
+
+    def write(self, keys: Sequence[int], replica: int, written: List[int]) -> None:
+        """``put``, each tier's new blocks added to ``written`` (the replica's counts), carried out when the tiers
+        are next read (``tiers``, the lookups, ``flush``). Why: a GPU whose decoding requests grow into new blocks
+        evicts its oldest cached run one block at a time, each block the one below the last; such writes are taken as
+        one run and written at once. That is exact when each block that continues the run is in no tier and nothing
+        reads the tiers in between: a tier appends and then drops its least recently used until it fits, so new
+        blocks appended one by one or together leave the same blocks, in the same order, to the same next tier, with
+        the same counts (tests/memory/test_offload_runs.py checks it against ``put`` at once). Any other write first
+        carries out the one taken."""
+        step, runs = self.step, None
+        if type(keys) is KeyRuns and keys.step == -step and len(keys.firsts) == 1:  # one run (a GPU's eviction)
+            first, n = keys.firsts[0], keys.starts[1] - keys.starts[0]
+            lo, hi = first - (n - 1) * step, first + step
+        else:
+            n = 0
+        if n <= 0:
+            runs = falling_runs(keys, step)
+            if len(runs) == 1:
+                (lo, hi), runs = runs[0], None
+        pending = self._pending
+        if runs is None:
+            if pending is not None and pending[0] == hi and pending[2] == replica and pending[3] is written \
+                    and (lo >> 32) == (hi >> 32):
+                tiers = self._tiers
+                if not (tiers[0].blocks.holds_any(lo, hi) if len(tiers) == 1 else self._held(lo, hi)):
+                    pending[0] = lo  # continues the run taken, downwards
+                    return
+            if pending is not None:
+                self.flush()
+            self._pending = [lo, hi, replica, written]
+            return
+        if pending is not None:
+            self.flush()
+        self._counted(runs, replica, written)
+
+    def flush(self) -> None:
+        """The write taken (``write``), carried out."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            lo, hi, replica, written = pending
+            self._counted([(lo, hi)], replica, written)
+
+    def _held(self, lo: int, hi: int) -> bool:
+        """Whether some key of ``[lo, hi)`` is in some tier."""
+        for tier in self._tiers:
+            if tier.blocks.holds_any(lo, hi):
+                return True
+        return False
+
+    def _counted(self, runs: List[tuple], replica: int, written: List[int]) -> None:
+        """``runs`` written now (``_put_runs``), each tier's new blocks added to ``written``."""
+        tiers = self._tiers
+        before = [t.written_blocks for t in tiers]
+        self._put_runs(runs, replica)
+        for k, t in enumerate(tiers):
+            written[k] += t.written_blocks - before[k]
+
+    def _put_runs(self, runs: List[tuple], replica: int) -> int:
+        """``put`` of falling runs of keys."""
         # By runs (kvstudy/memory/offload_runs.py): the batch goes to the end of the first tier in its order (a block
         # there already moves to the end: touched, not written again; one in a lower tier moves up, written), then
         # the tier's least recently used leave until it fits.
-        runs = falling_runs(keys, self.step)
-        for tier in self.tiers[1:]:  # a block lives in one tier: those written to the first leave a lower one
+        for tier in self._tiers[1:]:  # a block lives in one tier: those written to the first leave a lower one
             for lo, hi in runs:
                 tier.blocks.cut(lo, hi)
         if self.shared:  # the blocks written now are held by this replica's node (a touched one stays where it is)
-            first, step = self.tiers[0].blocks, self.step
+            first, step = self._tiers[0].blocks, self.step
             self.owner.update(dict.fromkeys([key for lo, hi in runs for a, b in first.gaps(lo, hi)
                                              for key in range(a, b, step)], replica))
         return self._append(0, runs)
@@ -122,7 +198,7 @@ class OffloadTiers:
         """Runs of keys go to the end of tier ``level`` in their order (one it holds already moves there, touched);
         then its least recently used leave, to the next tier (written there) or dropped, until it fits. Returns how
         many it had not held."""
-        tier = self.tiers[level]
+        tier = self._tiers[level]
         blocks = tier.blocks
         new = 0
         for lo, hi in runs:
@@ -131,7 +207,7 @@ class OffloadTiers:
         over = len(blocks) - tier.capacity_blocks
         if over > 0:
             old = blocks.pop_first(over)
-            if level + 1 < len(self.tiers):
+            if level + 1 < len(self._tiers):
                 self._append(level + 1, old)  # demoted (their owner unchanged)
             elif self.shared:
                 deque(map(self.owner.pop, run_keys(old, self.step)), maxlen=0)  # dropped
@@ -170,8 +246,11 @@ class OffloadTiers:
         transfer (the node's send/recv profile)."""
         tiers, owner, b = self.tiers, self.owner, self.block_bytes
         if self.remote_seconds is None and len(tiers) == 1:  # all local, one tier: count x block / bandwidth
-            seconds = tiers[0].read_link.seconds
-            return sum(seconds(b) for _ in range(count))  # summed block by block as the general case, bit-equal
+            got = self._local_sums.get(count)
+            if got is None:  # summed block by block as the general case (bit-equal to it), once per count
+                seconds = tiers[0].read_link.seconds
+                got = self._local_sums[count] = sum(seconds(b) for _ in range(count))
+            return got
         local, remote = 0.0, 0
         for key in keys[start:start + count]:
             if self.remote_seconds is not None and owner.get(key, replica) != replica:
@@ -249,11 +328,7 @@ class OffloadConnector:
 
     def save(self, keys: Sequence[Hashable]) -> None:
         """The GPU's prefix cache evicted these blocks: written to the first tier (and what it demotes, to the next)."""
-        tiers = self.pool.tiers
-        before = [t.written_blocks for t in tiers]
-        self.pool.put(keys, self.replica)
-        for k, t in enumerate(tiers):
-            self.written[k] += t.written_blocks - before[k]
+        self.pool.write(keys, self.replica, self.written)
 
     def plan(self, keys: Sequence[Hashable], hit: int, most: int, tokens: int) -> int:
         """Blocks past the GPU's ``hit`` to load, for a prefill of ``tokens`` tokens (0: none found, or recomputing

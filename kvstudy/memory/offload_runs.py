@@ -115,6 +115,16 @@ class RunLru:
     def __contains__(self, key: int) -> bool:
         return self.find(key) is not None
 
+    def holds_any(self, lo: int, hi: int) -> bool:
+        """Whether some key of ``[lo, hi)`` (one chain) is held."""
+        pieces = self.index.get(lo >> 32)
+        if not pieces:
+            return False
+        j = _last_from(pieces, lo)
+        if j >= 0 and pieces[j][1] > lo:
+            return True
+        return j + 1 < len(pieces) and pieces[j + 1][0] < hi
+
     def held_from(self, key: int) -> int:
         """The end of the keys held from ``key`` on without a gap (within its chain); ``key``: it is not held."""
         pieces = self.index.get(key >> 32)

@@ -181,3 +181,75 @@ def test_runs_of_keys():
     lru.cut(key(1, 2), key(1, 3))
     assert list(lru) == [key(1, 4), key(1, 3), key(1, 1), key(1, 0)] and lru.held_from(key(1, 0)) == key(1, 2)
     assert lru.gaps(key(1, 0), key(1, 6)) == [(key(1, 2), key(1, 3)), (key(1, 5), key(1, 6))]
+
+
+def _drive_deferred(seed):
+    """The connectors' writes (``save``: deferred, a falling run of single-block writes taken as one) against
+    ``put`` carried out at once with each replica's new blocks counted as ``save`` counted them before; reads come
+    only now and then, so writes pile up between them. Returns how many writes were taken without being carried out
+    at once."""
+    rng = random.Random(seed)
+    capacities = [rng.choice([0, 1, rng.randrange(2, 40)])] + ([rng.randrange(0, 40)] if seed % 3 == 0 else [])
+    shared = seed % 2 == 1
+    pools, views = [], []
+    for _ in range(2):
+        pool = OffloadTiers([Tier(name, n * 1e-9, 1.0, 1.0) for name, n in zip(["host", "disk"], capacities)],
+                            shared=shared)
+        pair = [OffloadConnector(pool, 0), OffloadConnector(pool, 1)]
+        pair[0].bind(STEP, 1)
+        pair[1].block_size = STEP
+        pools.append(pool)
+        views.append(pair)
+    deferred, direct = pools
+    written = [[0] * len(capacities) for _ in range(2)]  # per replica, as save counted before
+    taken = 0
+
+    def put(batch, replica):
+        before = [t.written_blocks for t in direct.tiers]
+        direct.put(batch, replica)
+        for k, t in enumerate(direct.tiers):
+            written[replica][k] += t.written_blocks - before[k]
+
+    def same():
+        for a, b in zip(deferred.tiers, direct.tiers):
+            assert list(a.blocks) == list(b.blocks)
+            assert (a.written_blocks, a.read_blocks) == (b.written_blocks, b.read_blocks)
+        assert deferred.owner == direct.owner
+        assert [views[0][r].written for r in range(2)] == written
+
+    for _ in range(150):
+        op, replica = rng.random(), rng.randrange(2)
+        if op < 0.25:
+            batch = _evicted(rng)
+            views[0][replica].save(batch)
+            put(batch, replica)
+        elif op < 0.8:  # a decode evicting a chain block by block; now and then a block a tier holds
+            c, top = rng.randrange(1, 7), rng.randrange(1, 10)
+            for j in range(top - 1, max(-1, top - 1 - rng.randrange(1, 6)), -1):
+                single = KeyRuns([key(c, j)], [0, 1], -STEP) if rng.random() < 0.7 else [key(c, j)]
+                taken += deferred._pending is not None
+                views[0][replica].save(single)
+                put(single, replica)
+        else:
+            keys = _request_keys(rng)
+            start = rng.randrange(0, len(keys))
+            most = rng.randrange(start, len(keys) + 2)
+            levels = deferred.match(keys, start, most)
+            assert levels == direct.match(keys, start, most)
+            if levels and op < 0.9:
+                count = rng.randrange(1, len(levels) + 1)
+                views[0][replica].load(0, keys, start, count)
+                views[1][replica].load(0, keys, start, count)
+        if rng.random() < 0.1:
+            same()
+    same()
+    return taken
+
+
+@pytest.mark.parametrize("seed", range(120))
+def test_writes_taken_as_runs_leave_the_tiers_as_writes_at_once(seed):
+    _drive_deferred(seed)
+
+
+def test_the_deferred_writes_are_taken_and_continued():
+    assert sum(_drive_deferred(seed) for seed in range(12)) > 200

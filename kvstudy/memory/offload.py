@@ -64,6 +64,16 @@ class Tier:
         self.read_link = Link(self.read_gbps) if self.read_gbps > 0 else None
 
 
+class _Pending:
+    """A falling run of keys ``[lo, hi)`` a replica's connector wrote, not yet carried out (``put_later``), and the
+    replica's counts of written blocks per tier."""
+
+    __slots__ = ("lo", "hi", "replica", "written")
+
+    def __init__(self, lo: int, hi: int, replica: int, written: List[int]) -> None:
+        self.lo, self.hi, self.replica, self.written = lo, hi, replica, written
+
+
 class OffloadTiers:
     """The tiers of one memory, or one pool the replicas of a cluster share (``shared``: Mooncake's store); each
     memory reaches it through its own :class:`OffloadConnector` (its replica's loads, counters and clock)."""
@@ -77,36 +87,45 @@ class OffloadTiers:
         if not tiers:
             raise ValueError("memory.offload: no tier (give memory.offload.host_gb and/or disk_gb)")
         self._tiers: List[Tier] = list(tiers)
-        #: a write the pool has taken but not yet carried out: [lo, hi, replica, counts] (``write``), or None
-        self._pending: Optional[list] = None
+        #: a write the pool has taken but not yet carried out (``put_later``), or None
+        self._pending: Optional[_Pending] = None
         self._local_sums: Dict[int, float] = {}
         self.load_mode, self.choice, self.shared = load, choice, shared
         self.block_bytes = 0
-        self.owner: Dict[Hashable, int] = {}  # block key -> the replica whose node holds it (a shared pool only)
+        self._owner: Dict[Hashable, int] = {}  # block key -> the replica whose node holds it (a shared pool only)
         #: ``bytes -> seconds`` of a read from another replica's node (a shared pool: the node's send/recv profile,
         #: set by kvstudy/running/assemble.py); None: every block is local
         self.remote_seconds: Optional[Callable[[float], float]] = None
 
     @property
     def tiers(self) -> List[Tier]:
-        """The tiers, first to last, with every write taken carried out (``write``): whoever reads them sees the state
-        the writes in order make."""
+        """The tiers, first to last, with every write taken carried out (``put_later``): whoever reads them sees the
+        state the writes in order make."""
         if self._pending is not None:
             self.flush()
         return self._tiers
 
+    @property
+    def owner(self) -> Dict[Hashable, int]:
+        """Block key -> the replica whose node holds it (a shared pool only), every write taken carried out."""
+        if self._pending is not None:
+            self.flush()
+        return self._owner
+
     def reset(self, block_bytes_per_gpu: int, block_size: int = 1) -> None:
         """Empty, sized in blocks of ``block_bytes_per_gpu``; keys step by ``block_size`` along a chain (``BlockKeys``).
         """
-        self._pending = None
-        self._local_sums = {}  # count -> seconds of that many blocks read from the one tier (``transfer_seconds``)
+        self.flush()  # a write taken is counted for its replica first, as a write at once was
+        # count -> seconds of that many blocks read from the one tier (``transfer_seconds``): its link and the block's
+        # bytes stay as they are until the next reset
+        self._local_sums = {}
         self.block_bytes, self.step = int(block_bytes_per_gpu), int(block_size)
         for tier in self.tiers:
             # whole blocks; 1e-6 absorbs the rounding of a size given as blocks x bytes / 1e9
             tier.capacity_blocks = math.floor(tier.capacity_gb * 1e9 / self.block_bytes + 1e-6) if self.block_bytes else 0
             tier.blocks = RunLru(self.step)
             tier.written_blocks = tier.read_blocks = 0
-        self.owner.clear()
+        self._owner.clear()
 
     def level(self, key: int) -> Optional[int]:
         """The tier holding ``key``, or None."""
@@ -123,15 +142,16 @@ class OffloadTiers:
             self.flush()
         return self._put_runs(falling_runs(keys, self.step), replica)
 
-    def write(self, keys: Sequence[int], replica: int, written: List[int]) -> None:
-        """``put``, each tier's new blocks added to ``written`` (the replica's counts), carried out when the tiers
-        are next read (``tiers``, the lookups, ``flush``). Why: a GPU whose decoding requests grow into new blocks
-        evicts its oldest cached run one block at a time, each block the one below the last; such writes are taken as
-        one run and written at once. That is exact when each block that continues the run is in no tier and nothing
-        reads the tiers in between: a tier appends and then drops its least recently used until it fits, so new
-        blocks appended one by one or together leave the same blocks, in the same order, to the same next tier, with
-        the same counts (tests/memory/test_offload_runs.py checks it against ``put`` at once). Any other write first
-        carries out the one taken."""
+    def put_later(self, keys: Sequence[int], replica: int, written: List[int]) -> None:
+        """``put``, each tier's new blocks added to ``written`` (the replica's counts), carried out when the pool is
+        next read (``tiers``, ``owner``, the lookups, ``reset``) or another write comes. Why: a GPU whose decoding
+        requests grow into new blocks evicts its oldest cached run one block at a time, each block the one below the
+        last; such writes are taken as one run and written at once. That is exact when each block that continues the
+        run is in no tier (checked as it comes: sufficient, if more than needed) and nothing reads the pool in
+        between: a tier appends and then drops its least recently used until it fits, so new blocks appended one by
+        one or together leave the same blocks, in the same order, to the same next tier, with the same counts
+        (tests/memory/test_offload_runs.py checks it against ``put`` at once). ``written`` is complete once the pool
+        has been read (a connector's ``summary`` reads it first)."""
         step, runs = self.step, None
         if type(keys) is KeyRuns and keys.step == -step and len(keys.firsts) == 1:  # one run (a GPU's eviction)
             first, n = keys.firsts[0], keys.starts[1] - keys.starts[0]
@@ -144,26 +164,25 @@ class OffloadTiers:
                 (lo, hi), runs = runs[0], None
         pending = self._pending
         if runs is None:
-            if pending is not None and pending[0] == hi and pending[2] == replica and pending[3] is written \
+            if pending is not None and pending.lo == hi and pending.replica == replica and pending.written is written \
                     and (lo >> 32) == (hi >> 32):
                 tiers = self._tiers
                 if not (tiers[0].blocks.holds_any(lo, hi) if len(tiers) == 1 else self._held(lo, hi)):
-                    pending[0] = lo  # continues the run taken, downwards
+                    pending.lo = lo  # continues the run taken, downwards
                     return
             if pending is not None:
                 self.flush()
-            self._pending = [lo, hi, replica, written]
+            self._pending = _Pending(lo, hi, replica, written)
             return
         if pending is not None:
             self.flush()
-        self._counted(runs, replica, written)
+        self._put_counted(runs, replica, written)
 
     def flush(self) -> None:
-        """The write taken (``write``), carried out."""
+        """The write taken (``put_later``), carried out."""
         pending, self._pending = self._pending, None
         if pending is not None:
-            lo, hi, replica, written = pending
-            self._counted([(lo, hi)], replica, written)
+            self._put_counted([(pending.lo, pending.hi)], pending.replica, pending.written)
 
     def _held(self, lo: int, hi: int) -> bool:
         """Whether some key of ``[lo, hi)`` is in some tier."""
@@ -172,7 +191,7 @@ class OffloadTiers:
                 return True
         return False
 
-    def _counted(self, runs: List[tuple], replica: int, written: List[int]) -> None:
+    def _put_counted(self, runs: List[tuple], replica: int, written: List[int]) -> None:
         """``runs`` written now (``_put_runs``), each tier's new blocks added to ``written``."""
         tiers = self._tiers
         before = [t.written_blocks for t in tiers]
@@ -190,7 +209,7 @@ class OffloadTiers:
                 tier.blocks.cut(lo, hi)
         if self.shared:  # the blocks written now are held by this replica's node (a touched one stays where it is)
             first, step = self._tiers[0].blocks, self.step
-            self.owner.update(dict.fromkeys([key for lo, hi in runs for a, b in first.gaps(lo, hi)
+            self._owner.update(dict.fromkeys([key for lo, hi in runs for a, b in first.gaps(lo, hi)
                                              for key in range(a, b, step)], replica))
         return self._append(0, runs)
 
@@ -210,7 +229,7 @@ class OffloadTiers:
             if level + 1 < len(self._tiers):
                 self._append(level + 1, old)  # demoted (their owner unchanged)
             elif self.shared:
-                deque(map(self.owner.pop, run_keys(old, self.step)), maxlen=0)  # dropped
+                deque(map(self._owner.pop, run_keys(old, self.step)), maxlen=0)  # dropped
         return new
 
     # --- lookups ----------------------------------------------------------------------------------------------------
@@ -328,7 +347,7 @@ class OffloadConnector:
 
     def save(self, keys: Sequence[Hashable]) -> None:
         """The GPU's prefix cache evicted these blocks: written to the first tier (and what it demotes, to the next)."""
-        self.pool.write(keys, self.replica, self.written)
+        self.pool.put_later(keys, self.replica, self.written)
 
     def plan(self, keys: Sequence[Hashable], hit: int, most: int, tokens: int) -> int:
         """Blocks past the GPU's ``hit`` to load, for a prefill of ``tokens`` tokens (0: none found, or recomputing
@@ -419,6 +438,7 @@ class OffloadConnector:
         / tokens looked up, both counted at every prefill start: ``looked_up``), and the blocks the tier holds at the
         end (the pool's)."""
         pool, b, block_size = self.pool, self.pool.block_bytes, self.block_size
+        pool.flush()  # a write taken is counted in ``written`` once carried out
         return {"tiers": {t.name: {"blocks": len(t.blocks), "written_blocks": self.written[k],
                                    "written_bytes": self.written[k] * b, "read_blocks": self.read[k],
                                    "read_bytes": self.read[k] * b,

@@ -184,24 +184,24 @@ def test_runs_of_keys():
 
 
 def _drive_deferred(seed):
-    """The connectors' writes (``save``: deferred, a falling run of single-block writes taken as one) against
+    """The connectors' writes (``save``: ``put_later``, a falling run of single-block writes taken as one) against
     ``put`` carried out at once with each replica's new blocks counted as ``save`` counted them before; reads come
     only now and then, so writes pile up between them. Returns how many writes were taken without being carried out
     at once."""
     rng = random.Random(seed)
     capacities = [rng.choice([0, 1, rng.randrange(2, 40)])] + ([rng.randrange(0, 40)] if seed % 3 == 0 else [])
-    shared = seed % 2 == 1
+    shared, replicas = seed % 2 == 1, 2 + seed % 3
     pools, views = [], []
     for _ in range(2):
         pool = OffloadTiers([Tier(name, n * 1e-9, 1.0, 1.0) for name, n in zip(["host", "disk"], capacities)],
                             shared=shared)
-        pair = [OffloadConnector(pool, 0), OffloadConnector(pool, 1)]
-        pair[0].bind(STEP, 1)
-        pair[1].block_size = STEP
+        views.append([OffloadConnector(pool, r) for r in range(replicas)])
+        views[-1][0].bind(STEP, 1)
+        for view in views[-1][1:]:
+            view.block_size = STEP
         pools.append(pool)
-        views.append(pair)
     deferred, direct = pools
-    written = [[0] * len(capacities) for _ in range(2)]  # per replica, as save counted before
+    written = [[0] * len(capacities) for _ in range(replicas)]  # per replica, as save counted before
     taken = 0
 
     def put(batch, replica):
@@ -211,14 +211,20 @@ def _drive_deferred(seed):
             written[replica][k] += t.written_blocks - before[k]
 
     def same():
+        first = rng.randrange(3)  # which read comes first: each alone carries a write taken out
+        if first == 0:
+            assert deferred.owner == direct.owner
+        elif first == 1:
+            names = [t.name for t in direct.tiers]
+            assert [[v.summary()["tiers"][name]["written_blocks"] for name in names] for v in views[0]] == written
+        assert deferred.owner == direct.owner
         for a, b in zip(deferred.tiers, direct.tiers):
             assert list(a.blocks) == list(b.blocks)
             assert (a.written_blocks, a.read_blocks) == (b.written_blocks, b.read_blocks)
-        assert deferred.owner == direct.owner
-        assert [views[0][r].written for r in range(2)] == written
+        assert [v.written for v in views[0]] == written
 
     for _ in range(150):
-        op, replica = rng.random(), rng.randrange(2)
+        op, replica = rng.random(), rng.randrange(replicas)
         if op < 0.25:
             batch = _evicted(rng)
             views[0][replica].save(batch)
@@ -244,6 +250,21 @@ def _drive_deferred(seed):
             same()
     same()
     return taken
+
+
+def test_a_write_taken_is_counted_before_the_pool_empties():
+    """A shared pool emptied by replica 0's bind (a run's start) counts replica 1's write taken first, as a write at
+    once was counted; its owner map shows the write before any tier is read."""
+    pool = OffloadTiers([Tier("host", 4e-9, 1.0, 1.0)], shared=True)
+    first, second = OffloadConnector(pool, 0), OffloadConnector(pool, 1)
+    first.bind(STEP, 1)
+    second.bind(STEP, 1)
+    second.save(KeyRuns([key(1, 2)], [0, 1], -STEP))
+    second.save(KeyRuns([key(1, 1)], [0, 1], -STEP))
+    assert pool.owner == {key(1, 2): 1, key(1, 1): 1}
+    second.save(KeyRuns([key(1, 0)], [0, 1], -STEP))
+    first.bind(STEP, 1)
+    assert second.written == [3] and pool.owner == {} and list(pool.tiers[0].blocks) == []
 
 
 @pytest.mark.parametrize("seed", range(120))

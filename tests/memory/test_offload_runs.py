@@ -104,6 +104,21 @@ def _evicted(rng):
     return runs if rng.random() < 0.5 else list(runs)
 
 
+def _decode_writes(rng, longest, share):
+    """A decode evicting a chain block by block: one key a write (``KeyRuns`` with probability ``share``, else a
+    list), each below the one before, fewer than ``longest``; as (the write, its key)."""
+    c, top = rng.randrange(1, 7), rng.randrange(1, 10)
+    return [(KeyRuns([key(c, j)], [0, 1], -STEP) if rng.random() < share else [key(c, j)], key(c, j))
+            for j in range(top - 1, max(-1, top - 1 - rng.randrange(1, longest)), -1)]
+
+
+def _lookup(rng):
+    """A request's keys, where its lookup starts and the most it may match."""
+    keys = _request_keys(rng)
+    start = rng.randrange(0, len(keys))
+    return keys, start, rng.randrange(start, len(keys) + 2)
+
+
 def _drive(seed):
     rng = random.Random(seed)
     capacities = [rng.choice([0, 1, rng.randrange(2, 40)])] + ([rng.randrange(0, 40)] if seed % 3 == 0 else [])
@@ -121,15 +136,11 @@ def _drive(seed):
         if op < 0.35:
             batch = _evicted(rng)
             assert pool.put(batch, replica) == ref.put(list(batch), replica)
-        elif op < 0.5:  # a decode evicting a chain block by block: one key a write, each below the one before
-            c, top = rng.randrange(1, 7), rng.randrange(1, 10)
-            for j in range(top - 1, max(-1, top - 1 - rng.randrange(1, 5)), -1):
-                single = KeyRuns([key(c, j)], [0, 1], -STEP) if rng.random() < 0.5 else [key(c, j)]
-                assert pool.put(single, replica) == ref.put([key(c, j)], replica)
+        elif op < 0.5:
+            for single, k in _decode_writes(rng, 5, 0.5):
+                assert pool.put(single, replica) == ref.put([k], replica)
         else:
-            keys = _request_keys(rng)
-            start = rng.randrange(0, len(keys))
-            most = rng.randrange(start, len(keys) + 2)
+            keys, start, most = _lookup(rng)
             levels = pool.match(keys, start, most)
             assert levels == ref.match(keys, start, most)
             if levels and op < 0.85:
@@ -229,17 +240,13 @@ def _drive_deferred(seed):
             batch = _evicted(rng)
             views[0][replica].save(batch)
             put(batch, replica)
-        elif op < 0.8:  # a decode evicting a chain block by block; now and then a block a tier holds
-            c, top = rng.randrange(1, 7), rng.randrange(1, 10)
-            for j in range(top - 1, max(-1, top - 1 - rng.randrange(1, 6)), -1):
-                single = KeyRuns([key(c, j)], [0, 1], -STEP) if rng.random() < 0.7 else [key(c, j)]
+        elif op < 0.8:  # now and then a block a tier holds
+            for single, _ in _decode_writes(rng, 6, 0.7):
                 taken += deferred._pending is not None
                 views[0][replica].save(single)
                 put(single, replica)
         else:
-            keys = _request_keys(rng)
-            start = rng.randrange(0, len(keys))
-            most = rng.randrange(start, len(keys) + 2)
+            keys, start, most = _lookup(rng)
             levels = deferred.match(keys, start, most)
             assert levels == direct.match(keys, start, most)
             if levels and op < 0.9:

@@ -40,7 +40,6 @@ from typing import Callable, Dict, Hashable, List, Optional, Sequence
 from kvstudy.costs.transfer import Link, layerwise
 from kvstudy.errors import ConfigError
 from kvstudy.memory.offload_runs import RunLru, falling_runs, rising_runs, run_keys
-from kvstudy.memory.prefix import KeyRuns
 
 #: the tiers kvstudy names, in order (a config sets each one's size and bandwidths; ``None`` size: no such tier)
 TIER_NAMES = ("host", "disk")
@@ -138,8 +137,7 @@ class OffloadTiers:
     def put(self, keys: Sequence[int], replica: int = 0) -> int:
         """Blocks a replica's GPU evicted (in eviction order) are written to the first tier (module docstring);
         returns how many were written (a block the pool holds already is only touched)."""
-        if self._pending is not None:
-            self.flush()
+        self.flush()
         return self._put_runs(falling_runs(keys, self.step), replica)
 
     def put_later(self, keys: Sequence[int], replica: int, written: List[int]) -> None:
@@ -152,30 +150,18 @@ class OffloadTiers:
         one or together leave the same blocks, in the same order, to the same next tier, with the same counts
         (tests/memory/test_offload_runs.py checks it against ``put`` at once). ``written`` is complete once the pool
         has been read (a connector's ``summary`` reads it first)."""
-        step, runs = self.step, None
-        if type(keys) is KeyRuns and keys.step == -step and len(keys.firsts) == 1:  # one run (a GPU's eviction)
-            first, n = keys.firsts[0], keys.starts[1] - keys.starts[0]
-            lo, hi = first - (n - 1) * step, first + step
-        else:
-            n = 0
-        if n <= 0:
-            runs = falling_runs(keys, step)
-            if len(runs) == 1:
-                (lo, hi), runs = runs[0], None
+        runs = falling_runs(keys, self.step)
         pending = self._pending
-        if runs is None:
+        if len(runs) == 1:
+            lo, hi = runs[0]
             if pending is not None and pending.lo == hi and pending.replica == replica and pending.written is written \
-                    and (lo >> 32) == (hi >> 32):
-                tiers = self._tiers
-                if not (tiers[0].blocks.holds_any(lo, hi) if len(tiers) == 1 else self._held(lo, hi)):
-                    pending.lo = lo  # continues the run taken, downwards
-                    return
-            if pending is not None:
-                self.flush()
+                    and (lo >> 32) == (hi >> 32) and not self._held(lo, hi):
+                pending.lo = lo  # continues the run taken, downwards
+                return
+            self.flush()
             self._pending = _Pending(lo, hi, replica, written)
             return
-        if pending is not None:
-            self.flush()
+        self.flush()
         self._put_counted(runs, replica, written)
 
     def flush(self) -> None:
@@ -186,7 +172,10 @@ class OffloadTiers:
 
     def _held(self, lo: int, hi: int) -> bool:
         """Whether some key of ``[lo, hi)`` is in some tier."""
-        for tier in self._tiers:
+        tiers = self._tiers
+        if len(tiers) == 1:  # (the usual, checked for every block a decode evicts)
+            return tiers[0].blocks.holds_any(lo, hi)
+        for tier in tiers:
             if tier.blocks.holds_any(lo, hi):
                 return True
         return False

@@ -42,7 +42,10 @@ def falling_runs(keys: Sequence[int], step: int) -> List[Run]:
     """``keys`` (in their order) as runs: consecutive keys of one chain, each ``step`` below the one before. Read from
     ``KeyRuns`` of step ``-step`` directly; a plain list is grouped key by key (a key alone is a run of one)."""
     if type(keys) is KeyRuns and keys.step == -step:
-        starts = keys.starts
+        starts, firsts = keys.starts, keys.firsts
+        if len(firsts) == 1:  # one run (the usual: a GPU evicting a decode's block), without the loop
+            n = starts[1] - starts[0]
+            return [(firsts[0] - (n - 1) * step, firsts[0] + step)] if n > 0 else []
         return [(first - (starts[r + 1] - starts[r] - 1) * step, first + step)
                 for r, first in enumerate(keys.firsts) if starts[r + 1] > starts[r]]
     out: List[Run] = []

@@ -34,8 +34,11 @@ OFFLOAD = ([[f"+policy={p}", *_MOONCAKE, f"memory.offload.host_gb={g}"] for p in
 
 def _clean(x):
     if isinstance(x, dict):
+        # the latency model's "source" (trained, cut or cache) says whether this process built Vidur's predictor:
+        # provenance, like the wall times (a tree's first run trains it)
         return {k: _clean(v) for k, v in x.items()
-                if not any(d in k for d in DROP) and not (isinstance(v, str) and "/" in v) and "/" not in k}
+                if not any(d in k for d in DROP) and not (isinstance(v, str) and "/" in v) and "/" not in k
+                and not (k == "source" and "cache_key" in x)}
     if isinstance(x, list):
         return [_clean(v) for v in x]
     return x

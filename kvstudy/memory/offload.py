@@ -301,6 +301,9 @@ class OffloadConnector:
         #: the tokens they looked up: a tier's hit rate is its loaded tokens over these (``looked_up``)
         self.lookups = 0
         self.lookup_tokens = 0
+        #: the last ``plan``'s lookup, ``(keys, hit, most, blocks found)``: ``skipped``, which the memory calls right
+        #: after a ``plan`` that answered 0, counts from it instead of looking the tiers up again
+        self._found: Optional[tuple] = None
 
     def bind(self, block_size: int, block_bytes_per_gpu: int) -> None:
         """A run starts: this replica's counters cleared; its own tiers emptied (a shared pool by replica 0, which the
@@ -336,6 +339,7 @@ class OffloadConnector:
 
     def save(self, keys: Sequence[Hashable]) -> None:
         """The GPU's prefix cache evicted these blocks: written to the first tier (and what it demotes, to the next)."""
+        self._found = None  # the tiers change: a later ``skipped`` looks them up
         self.pool.put_later(keys, self.replica, self.written)
 
     def plan(self, keys: Sequence[Hashable], hit: int, most: int, tokens: int) -> int:
@@ -344,6 +348,7 @@ class OffloadConnector:
         prefill (its time with them minus without them: the marginal cost, not a standalone iteration's)."""
         pool = self.pool
         levels = pool.match(keys, hit, most)
+        self._found = (keys, hit, most, len(levels))
         if not levels or pool.choice == "recompute":
             return 0
         if pool.choice == "auto":
@@ -363,6 +368,7 @@ class OffloadConnector:
         """Request i's ``keys[start:start+count]`` are read into the GPU: their tiers touched (LRU: to the end, in
         order), the time added to the iteration's loads; returns the seconds."""
         pool = self.pool
+        self._found = None  # the tiers change: a later ``skipped`` looks them up
         self.loaded[i] = self.loaded.get(i, 0) + count * self.block_size
         seconds = pool.transfer_seconds(keys, start, count, self.replica)
         step = pool.step
@@ -400,8 +406,14 @@ class OffloadConnector:
         self.lookup_tokens += int(tokens)
 
     def skipped(self, keys: Sequence[Hashable], hit: int, most: int) -> None:
-        """Blocks found in a tier but recomputed (counted for the summary)."""
-        self.recomputed_blocks += len(self.pool.match(keys, hit, most))
+        """Blocks found in a tier but recomputed (counted for the summary). Called right after ``plan`` for the
+        same lookup (kvstudy/memory/paged.py's ``start``), so its count is the plan's; otherwise the tiers are looked
+        up again."""
+        found, self._found = self._found, None
+        if found is not None and found[0] is keys and found[1] == hit and found[2] == most:
+            self.recomputed_blocks += found[3]
+        else:
+            self.recomputed_blocks += len(self.pool.match(keys, hit, most))
 
     def iteration_seconds(self, compute: float) -> float:
         """The iteration's time with the loads it started (module docstring, ``load``); the loads are then done."""

@@ -159,6 +159,25 @@ def test_tiers_unit():
     assert view.written == [6] and view.read == [1]
 
 
+def test_skipped_counts_what_the_tiers_hold_at_its_plan_and_after_a_write():
+    """choice=recompute: ``skipped`` after ``plan`` counts the blocks that plan found (two), without a second lookup;
+    after a write or a load in between it looks the tiers up again (a memo that outlived a write would count two)."""
+    view = OffloadConnector(OffloadTiers([Tier("host", 8e-9, 1.0, 1.0)], choice="recompute"))
+    view.bind(16, 1)
+    c = [key(1, j) for j in range(4)]
+    view.save([c[1], c[0]])
+    assert view.plan(c, 0, 4, 64) == 0
+    view.skipped(c, 0, 4)
+    assert view.recomputed_blocks == 2
+    assert view.plan(c, 0, 4, 64) == 0
+    view.save([c[3], c[2]])  # the chain is whole now
+    view.skipped(c, 0, 4)
+    assert view.recomputed_blocks == 2 + 4
+    view.plan(c, 0, 4, 64)
+    view.skipped(c, 1, 4)  # another lookup than the plan's: counted afresh
+    assert view.recomputed_blocks == 2 + 4 + 3
+
+
 def _cluster(shared: bool, x=()):
     """Two replicas, round robin: A (replica 0), X (replica 1, shares nothing; ``x``: its own segments), B (replica 0:
     evicts A's three blocks into the tiers), C (replica 1: its GPU never held A's blocks)."""
